@@ -1,0 +1,122 @@
+"""The public API: ``decode`` runs a method to completion, ``stream`` yields its events."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator
+from typing import Any
+
+from explorer.autoregressive import decode_autoregressive
+from explorer.config import DecodeConfig, validate, validate_prompt
+from explorer.diffusion import decode_diffusion
+from explorer.errors import ExplorerError
+from explorer.events import Event, Trace
+from explorer.models import Models
+from explorer.speculative import decode_speculative
+
+DECODERS = {"autoregressive": decode_autoregressive, "speculative": decode_speculative,
+            "diffusion": decode_diffusion}
+
+
+def encode_prompt(tokenizer: Any, prompt: str, chat: bool) -> tuple[list[int], str]:
+    """Plain presets: ``tokenizer(prompt).input_ids`` exactly; instruct presets: the chat template."""
+    if chat and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                            tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return list(ids), "chat_template"
+    return list(tokenizer(prompt).input_ids), "raw"
+
+
+def make_config(method: str, models: Models, options: dict[str, Any]) -> DecodeConfig:
+    known = set(DecodeConfig.__dataclass_fields__)
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ExplorerError(f"unknown option(s): {', '.join(unknown)}")
+    options = {k: v for k, v in options.items() if v is not None or k in ("top_k", "top_p", "threshold")}
+    if method == "speculative" and "gamma" not in options:
+        options["gamma"] = models.preset.gamma
+    cfg = DecodeConfig(**options)
+    validate(method, cfg)
+    return cfg
+
+
+def stream(method: str, models: Models, prompt: str, **options: Any) -> Generator[Event, None, Trace]:
+    """Yield every event of one decode as it happens; the generator returns the Trace."""
+    if method not in DECODERS:
+        raise ExplorerError(f"unknown method {method!r}; choose one of {', '.join(DECODERS)}")
+    cfg = make_config(method, models, options)
+    validate_prompt(prompt)
+    tokenizer = models.diffusion_tokenizer if method == "diffusion" else models.tokenizer
+    prompt_ids, prompt_format = encode_prompt(tokenizer, prompt, models.preset.chat)
+    if not prompt_ids:
+        raise ExplorerError("the prompt encodes to no tokens")
+    model = models.diffusion if method == "diffusion" else models.target
+    context = models.context_length if model is None else int(
+        getattr(model.config, "max_position_embeddings", None) or models.context_length)
+    extra = cfg.gamma + 1 if method == "speculative" else 0
+    if len(prompt_ids) + cfg.max_new_tokens + extra > context:
+        raise ExplorerError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({cfg.max_new_tokens}) "
+                            f"exceeds the model's context of {context} tokens")
+    events: list[Event] = []
+    decoder = DECODERS[method](models, prompt_ids, cfg)
+    try:
+        while True:
+            event = next(decoder)
+            events.append(event)
+            yield event
+    except StopIteration as stop:
+        raw = stop.value
+    return build_trace(method, models, prompt, prompt_ids, prompt_format, cfg, events, raw)
+
+
+def decode(method: str, models: Models, prompt: str, **options: Any) -> Trace:
+    """Run one decode to completion (see DESIGN.md for the options) and return its Trace."""
+    gen = stream(method, models, prompt, **options)
+    try:
+        while True:
+            next(gen)
+    except StopIteration as stop:
+        return stop.value
+
+
+def build_trace(method: str, models: Models, prompt: str, prompt_ids: list[int], prompt_format: str,
+                cfg: DecodeConfig, events: list[Event], raw: dict[str, Any]) -> Trace:
+    wall = time.perf_counter() - raw["t0"]
+    tokens = raw["tokens"]
+    tokenizer = models.diffusion_tokenizer if method == "diffusion" else models.tokenizer
+    passes = raw["target_passes"]
+    stats = {
+        "method": method,
+        "preset": models.preset.name,
+        "device": str(models.device),
+        "dtype": str(models.dtype).replace("torch.", ""),
+        "batch_size": 1,
+        "prompt_tokens": len(prompt_ids),
+        "prompt_format": prompt_format,
+        "new_tokens": len(tokens),
+        "target_forward_passes": passes,
+        "draft_forward_passes": raw["draft_passes"],
+        "proposed": raw["proposed"],
+        "accepted": raw["accepted"],
+        "acceptance_rate": raw["accepted"] / raw["proposed"] if raw["proposed"] else None,
+        "tokens_per_target_pass": len(tokens) / passes if passes else None,
+        "wall_s": wall,
+        "ttft_s": raw["times"][0] if raw["times"] else None,
+        "target_forward_s": raw["target_forward_s"],
+        "draft_forward_s": raw["draft_forward_s"],
+        "tokens_per_s": len(tokens) / wall if wall > 0 else None,
+    }
+    if method == "speculative":
+        stats["drafter"] = cfg.drafter
+        stats["gamma"] = cfg.gamma
+        stats["per_position_acceptance"] = [a / n for a, n in raw["per_position"]]
+    if method == "diffusion":
+        stats.update(steps=cfg.diffusion_steps, block_length=cfg.diffusion_block_length,
+                     remasking=cfg.remasking, threshold=cfg.threshold)
+    if method == "diffusion" and models.diffusion_tokenizer is not models.tokenizer:
+        stats["note"] = "the diffusion side uses a different model and tokenizer than the target"
+    text = tokenizer.decode(tokens, skip_special_tokens=True)
+    config = {"method": method, "preset": models.preset.name, **cfg.as_dict()}
+    return Trace(method, prompt, prompt_ids, tokens, text, stats, events, config, raw["t0"], raw["times"])

@@ -1,0 +1,97 @@
+"""Decoding options: one dataclass with defaults, validated in one place (``validate``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from explorer.errors import ExplorerError
+
+METHODS = ("autoregressive", "speculative", "diffusion")
+DRAFTERS = ("model", "prompt_lookup", "early_exit")
+REMASKING = ("low_confidence", "random")
+MAX_PROMPT_CHARS = 20_000
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int = 0
+    # speculative
+    gamma: int = 4
+    drafter: str = "model"
+    adaptive_gamma: bool = False
+    max_ngram: int = 3  # prompt lookup
+    early_exit_layers: int | None = None
+    # diffusion
+    steps: int | None = None  # default: max_new_tokens (one token revealed per pass)
+    block_length: int | None = None  # default: max_new_tokens (one block)
+    remasking: str = "low_confidence"
+    threshold: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def diffusion_steps(self) -> int:
+        return self.steps if self.steps is not None else self.max_new_tokens
+
+    @property
+    def diffusion_block_length(self) -> int:
+        return self.block_length if self.block_length is not None else self.max_new_tokens
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ExplorerError(message)
+
+
+def validate(method: str, cfg: DecodeConfig) -> None:
+    """Check every option against its range; raise ExplorerError with one clear sentence."""
+    _require(method in METHODS, f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    _require(_is_int(cfg.max_new_tokens) and cfg.max_new_tokens >= 1,
+             f"max_new_tokens must be a whole number >= 1 (got {cfg.max_new_tokens!r})")
+    t = cfg.temperature
+    _require(isinstance(t, (int, float)) and math.isfinite(t) and t >= 0,
+             f"temperature must be a finite number >= 0 (got {t!r})")
+    _require(cfg.top_k is None or (_is_int(cfg.top_k) and cfg.top_k >= 1), f"top_k must be >= 1 (got {cfg.top_k!r})")
+    _require(cfg.top_p is None or (isinstance(cfg.top_p, (int, float)) and 0 < cfg.top_p <= 1),
+             f"top_p must be in (0, 1] (got {cfg.top_p!r})")
+    _require(_is_int(cfg.seed), f"seed must be a whole number (got {cfg.seed!r})")
+    if method == "speculative":
+        _require(_is_int(cfg.gamma) and 1 <= cfg.gamma <= 64, f"gamma must be between 1 and 64 (got {cfg.gamma!r})")
+        _require(cfg.drafter in DRAFTERS, f"unknown drafter {cfg.drafter!r}; choose one of {', '.join(DRAFTERS)}")
+        _require(_is_int(cfg.max_ngram) and cfg.max_ngram >= 1, "max_ngram must be >= 1")
+    if method == "diffusion":
+        _validate_diffusion(cfg)
+
+
+def _validate_diffusion(cfg: DecodeConfig) -> None:
+    n, k, b = cfg.max_new_tokens, cfg.diffusion_steps, cfg.diffusion_block_length
+    _require(_is_int(k) and k >= 1, f"steps must be a whole number >= 1 (got {k!r})")
+    _require(_is_int(b) and b >= 1, f"block_length must be a whole number >= 1 (got {b!r})")
+    _require(b <= n, f"block_length ({b}) cannot exceed max_new_tokens ({n})")
+    _require(n % b == 0, f"max_new_tokens ({n}) must be a multiple of block_length ({b})")
+    blocks = n // b
+    _require(k % blocks == 0, f"steps ({k}) must be a multiple of the number of blocks ({blocks} = {n} / {b})")
+    _require(k <= n, f"steps ({k}) cannot exceed max_new_tokens ({n}): each step reveals at least one token")
+    _require(cfg.remasking in REMASKING, f"unknown remasking {cfg.remasking!r}; choose one of {', '.join(REMASKING)}")
+    th = cfg.threshold
+    _require(th is None or (isinstance(th, (int, float)) and math.isfinite(th) and 0 < th <= 1),
+             f"threshold must be in (0, 1] (got {th!r})")
+
+
+def validate_prompt(prompt: Any) -> str:
+    _require(isinstance(prompt, str), "the prompt must be text")
+    _require(prompt.strip() != "", "the prompt is empty")
+    _require(len(prompt) <= MAX_PROMPT_CHARS, f"the prompt is too long ({len(prompt)} characters; "
+             f"the limit is {MAX_PROMPT_CHARS})")
+    return prompt

@@ -1,0 +1,110 @@
+"""Masked-diffusion decoding: N masked positions refined over K joint denoiser passes.
+
+The sampler of LLaDA (Nie et al. 2025, Alg. 4-5 / Appendix B): the output is split into
+semi-autoregressive blocks; within a block each step predicts every masked position, keeps
+the ``schedule[s]`` most confident predictions ("low_confidence" remasking: the rest stay
+masked) or random ones ("random"). Sampling at temperature T is Gumbel-max on logits/T in
+float64 (categorical noise in low precision biases the sample). With ``threshold``
+(Fast-dLLM, Wu et al. 2025, Sec. 3.2) a step reveals every masked position of the block whose
+confidence exceeds the threshold, at least one. Models that predict the next position (Dream,
+AR-adapted denoisers) have their logits shifted right by one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator
+
+import torch
+
+from explorer.config import DecodeConfig
+from explorer.errors import ExplorerError
+from explorer.events import Event, RefinementStep
+from explorer.models import Models, timed_forward
+from explorer.sampling import make_generator, sanitize_logits, warp_logits
+
+
+def reveal_schedule(masked: int, steps: int) -> list[int]:
+    """How many tokens each step reveals: a linear schedule, the remainder to the first steps."""
+    base, extra = divmod(masked, steps)
+    return [base + (1 if i < extra else 0) for i in range(steps)]
+
+
+def predict_tokens(logits: torch.Tensor, cfg: DecodeConfig, gen: torch.Generator,
+                   banned: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits (B, V) -> predicted tokens (B,) and their confidences (B,) in float64."""
+    logits = sanitize_logits(logits.double())
+    logits[:, banned] = float("-inf")  # never "reveal" a mask (or pad) token
+    if cfg.top_k or (cfg.top_p is not None and cfg.top_p < 1):
+        logits = torch.log(warp_logits(logits, 1.0, cfg.top_k, cfg.top_p).double())
+    if cfg.temperature > 0:
+        u = torch.rand(logits.shape, generator=gen, dtype=torch.float64).clamp_(1e-300, 1.0)
+        tokens = (logits / cfg.temperature - torch.log(-torch.log(u))).argmax(-1)  # Gumbel-max
+    else:
+        tokens = logits.argmax(-1)
+    if cfg.remasking == "random":
+        confidence = torch.rand(tokens.shape, generator=gen, dtype=torch.float64)
+    else:
+        confidence = torch.softmax(logits, -1).gather(-1, tokens[:, None])[:, 0]
+    return tokens, confidence
+
+
+def choose_positions(confidence: torch.Tensor, still_masked: torch.Tensor, count: int,
+                     threshold: float | None) -> torch.Tensor:
+    """Indices (within the block) to reveal this step."""
+    confidence = torch.where(still_masked, confidence, torch.full_like(confidence, float("-inf")))
+    if threshold is not None:
+        count = max(1, int(((confidence > threshold) & still_masked).sum()))
+    count = min(count, int(still_masked.sum()))
+    return torch.topk(confidence, count).indices
+
+
+def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig) -> Generator[Event, None, dict]:
+    """Yield a RefinementStep per denoiser pass; return the raw result (tokens, times, counters)."""
+    t0 = time.perf_counter()
+    if models.diffusion is None:
+        raise ExplorerError(f"preset {models.preset.name!r} has no diffusion model")
+    mask_id = models.mask_token_id
+    if mask_id is None:
+        raise ExplorerError("the diffusion model's tokenizer has no mask token")
+    gen = make_generator(cfg.seed)
+    n, block_len = cfg.max_new_tokens, cfg.diffusion_block_length
+    blocks = n // block_len
+    steps_per_block = cfg.diffusion_steps // blocks
+    p_len = len(prompt_ids)
+    x = torch.tensor([prompt_ids + [mask_id] * n], device=models.device)  # (1, P + N)
+    banned = [i for i in {mask_id, models.diffusion_tokenizer.pad_token_id} if i is not None]
+    revealed_t = [0.0] * n
+    passes, forward_s, step = 0, 0.0, 0
+    for block in range(blocks):
+        lo = p_len + block * block_len  # absolute start of the block
+        schedule = reveal_schedule(block_len, steps_per_block)
+        s = 0
+        while bool((x[0, lo:lo + block_len] == mask_id).any()):
+            logits, dt = timed_forward(models.diffusion, x)  # (1, P + N, V)
+            if models.diffusion_shift:
+                logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+            tokens, confidence = predict_tokens(logits[0, lo:lo + block_len], cfg, gen, banned)
+            still = x[0, lo:lo + block_len] == mask_id
+            count = schedule[s] if s < len(schedule) else 1
+            chosen = choose_positions(confidence, still, count, cfg.threshold)
+            x[0, lo + chosen] = tokens[chosen]
+            now = time.perf_counter()
+            positions = [block * block_len + int(i) for i in chosen]
+            for pos in positions:
+                revealed_t[pos] = now - t0
+            passes, forward_s, s, step = passes + 1, forward_s + dt, s + 1, step + 1
+            yield RefinementStep(now, step - 1, block, tuple(positions), tuple(int(tokens[i]) for i in chosen),
+                                 tuple(float(confidence[i]) for i in chosen),
+                                 int((x[0, p_len:] == mask_id).sum()), dt)
+    out = x[0, p_len:].tolist()
+    eos = models.diffusion_tokenizer.eos_token_id
+    if eos is not None and eos in out:
+        out = out[: out.index(eos) + 1]
+    # A streaming client can show token i once tokens 0..i are all final.
+    times, latest = [], 0.0
+    for pos in range(len(out)):
+        latest = max(latest, revealed_t[pos])
+        times.append(latest)
+    return {"t0": t0, "tokens": out, "times": times, "target_passes": passes, "draft_passes": 0, "proposed": 0,
+            "accepted": 0, "target_forward_s": forward_s, "draft_forward_s": 0.0, "canvas": x[0, p_len:].tolist()}

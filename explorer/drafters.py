@@ -1,0 +1,146 @@
+"""Three drafters behind one small interface.
+
+``propose(tokens, gamma, cfg, generator)`` returns the drafted tokens, the distributions q
+they were drawn from (one row each, (g, V)), the draft forward time and pass count.
+``rollback(keep)`` tells the drafter that only ``tokens[:keep]`` survived verification.
+A deterministic drafter (prompt lookup) returns one-hot rows: exactness still holds.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from explorer.config import DecodeConfig
+from explorer.errors import ExplorerError
+from explorer.models import Models, check_same_vocabulary, timed_forward
+from explorer.sampling import sample, warp_logits
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    q: torch.Tensor | None  # (g, V) float32; None when nothing was drafted
+    forward_s: float = 0.0
+    passes: int = 0
+
+
+@dataclass
+class ModelDrafter:
+    """A small causal LM with its own KV cache (Leviathan et al. 2023, Chen et al. 2023)."""
+
+    model: nn.Module
+    eos_id: int | None
+    name: str = "model"
+    cache: DynamicCache = field(default_factory=DynamicCache)
+
+    def propose(self, tokens: list[int], gamma: int, cfg: DecodeConfig, gen: torch.Generator) -> Draft:
+        device = self.model.device
+        feed = tokens[self.cache.get_seq_length():]  # everything the draft has not seen yet
+        drafted, rows, seconds = [], [], 0.0
+        for _ in range(gamma):
+            logits, dt = timed_forward(self.model, torch.tensor([feed], device=device), self.cache)
+            seconds += dt
+            q = warp_logits(logits[0, -1], cfg.temperature, cfg.top_k, cfg.top_p)  # (V,)
+            token = sample(q, gen)
+            drafted.append(token)
+            rows.append(q)
+            if token == self.eos_id:  # nothing after an EOS can be kept
+                break
+            feed = [token]
+        return Draft(drafted, torch.stack(rows), seconds, len(drafted))
+
+    def rollback(self, keep: int) -> None:
+        crop_cache(self.cache, keep)
+
+    @property
+    def cache_len(self) -> int:
+        return self.cache.get_seq_length()
+
+
+@dataclass
+class PromptLookupDrafter:
+    """Prompt lookup decoding (Saxena 2023): copy what followed the last n-gram's latest earlier match."""
+
+    vocab_size: int
+    max_ngram: int = 3
+    name: str = "prompt_lookup"
+
+    def propose(self, tokens: list[int], gamma: int, cfg: DecodeConfig, gen: torch.Generator) -> Draft:
+        drafted = find_continuation(tokens, gamma, self.max_ngram)
+        if not drafted:
+            return Draft([], None)
+        q = torch.nn.functional.one_hot(torch.tensor(drafted), self.vocab_size).float()  # (g, V), one-hot
+        return Draft(drafted, q)
+
+    def rollback(self, keep: int) -> None:
+        pass
+
+    @property
+    def cache_len(self) -> None:
+        return None
+
+
+def find_continuation(tokens: list[int], gamma: int, max_ngram: int) -> list[int]:
+    """Longest n-gram first; the most recent earlier occurrence wins."""
+    for n in range(min(max_ngram, len(tokens) - 1), 0, -1):
+        pattern = tokens[-n:]
+        for start in range(len(tokens) - n - 1, -1, -1):
+            if tokens[start:start + n] == pattern:
+                return tokens[start + n:start + n + gamma]
+    return []
+
+
+def shallow_model(target: nn.Module, layers: int) -> nn.Module:
+    """The target's first ``layers`` decoder layers + its final norm and LM head, sharing weights.
+
+    Early-exit self-speculation (LayerSkip, Elhoushi et al. 2024; Draft & Verify, Zhang et al. 2023),
+    without the early-exit training: the exit is the target's own head.
+    """
+    total = target.config.num_hidden_layers
+    if not 1 <= layers < total:
+        raise ExplorerError(f"early_exit_layers must be between 1 and {total - 1} (got {layers})")
+    config = copy.deepcopy(target.config)
+    config.num_hidden_layers = layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:layers]
+    shallow = copy.copy(target)  # a new module object whose submodules are the target's
+    shallow._modules = dict(target._modules)
+    body = copy.copy(target.model)
+    body._modules = dict(target.model._modules)
+    body._modules["layers"] = nn.ModuleList(list(target.model.layers)[:layers])
+    body.config = config
+    shallow._modules["model"] = body
+    shallow.config = config
+    return shallow
+
+
+def make_drafter(models: Models, cfg: DecodeConfig):
+    eos = models.tokenizer.eos_token_id
+    if cfg.drafter == "model":
+        if models.draft is None:
+            raise ExplorerError(f"preset {models.preset.name!r} has no draft model; use drafter "
+                                "'prompt_lookup' or 'early_exit'")
+        check_same_vocabulary(models.target, models.draft)
+        return ModelDrafter(models.draft, eos)
+    if cfg.drafter == "prompt_lookup":
+        vocab = models.target.get_output_embeddings().weight.shape[0]
+        return PromptLookupDrafter(vocab, cfg.max_ngram)
+    if cfg.drafter == "early_exit":
+        if not hasattr(models.target, "model") or not hasattr(models.target.model, "layers"):
+            raise ExplorerError("early exit needs a decoder with model.layers (Llama, Qwen, SmolLM ...)")
+        layers = cfg.early_exit_layers or models.preset.early_exit_layers or max(
+            1, models.target.config.num_hidden_layers // 3)
+        return ModelDrafter(shallow_model(models.target, layers), eos, name="early_exit")
+    raise ExplorerError(f"unknown drafter {cfg.drafter!r}")
+
+
+def crop_cache(cache: DynamicCache, keep: int) -> None:
+    """Roll a KV cache back so it holds exactly the first ``keep`` positions (or fewer)."""
+    extra = cache.get_seq_length() - keep
+    if extra > 0:
+        cache.crop(-extra)

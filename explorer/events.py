@@ -1,0 +1,133 @@
+"""Events the decoders yield, and the Trace they return.
+
+Every event is a small frozen dataclass. ``t`` is a ``time.perf_counter()`` stamp taken
+right after the event's work (the trace's ``t0`` is the stamp at the start of decoding),
+``forward_s`` the synchronized wall time of the model forward pass(es) the event used.
+Nothing here knows about Gradio, plotly or pandas.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Prefill:
+    """A forward pass over the prompt (target or draft)."""
+
+    t: float
+    model: str  # "target" | "draft" | "diffusion"
+    prompt_tokens: int
+    forward_s: float
+
+
+@dataclass(frozen=True)
+class TokenStep:
+    """Autoregressive baseline: one target pass, one token."""
+
+    t: float
+    step: int
+    token: int
+    p: float  # probability of the token under the warped target distribution
+    forward_s: float
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """The drafter proposes ``tokens``; ``q[i]`` is the probability each was drawn with."""
+
+    t: float
+    step: int
+    drafter: str
+    gamma: int
+    tokens: tuple[int, ...]
+    q: tuple[float, ...]
+    forward_s: float
+    draft_passes: int
+
+
+@dataclass(frozen=True)
+class DraftCheck:
+    """The verdict on one drafted token (Leviathan et al. 2023, Alg. 1)."""
+
+    position: int  # 0-based position within the proposal
+    token: int
+    p: float
+    q: float
+    accept_prob: float  # min(1, p/q)
+    accepted: bool
+
+
+@dataclass(frozen=True)
+class Verification:
+    """One target pass over [last token, drafts...] and what it kept."""
+
+    t: float
+    step: int
+    checks: tuple[DraftCheck, ...]  # up to and including the first rejection
+    accepted: int
+    resampled: int | None  # token drawn from norm(max(0, p - q)) after a rejection
+    bonus: int | None  # token drawn from the target's last distribution when all were accepted
+    emitted: tuple[int, ...]  # tokens appended to the output by this step (after EOS / length cuts)
+    forward_s: float
+    target_cache_len: int  # target KV cache length after the rollback
+    draft_cache_len: int | None
+    next_gamma: int
+
+
+@dataclass(frozen=True)
+class RefinementStep:
+    """One denoiser pass of masked diffusion: which positions were revealed and with what."""
+
+    t: float
+    step: int
+    block: int
+    positions: tuple[int, ...]  # output positions (0 = first new token)
+    tokens: tuple[int, ...]
+    confidences: tuple[float, ...]
+    masks_left: int
+    forward_s: float
+
+
+Event = Prefill | TokenStep | Proposal | Verification | RefinementStep
+
+
+@dataclass
+class Trace:
+    """The result of one decode: the new tokens, the stats and every event in order."""
+
+    method: str
+    prompt: str
+    prompt_ids: list[int]
+    token_ids: list[int]
+    text: str
+    stats: dict[str, Any]
+    events: list[Event]
+    config: dict[str, Any]
+    t0: float
+    token_times: list[float] = field(default_factory=list)  # seconds after t0 each token became final, in order
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict; each event carries its type name under ``"event"``."""
+        events = [{"event": type(e).__name__, **_plain(dataclasses.asdict(e))} for e in self.events]
+        return {
+            "method": self.method,
+            "prompt": self.prompt,
+            "prompt_ids": self.prompt_ids,
+            "token_ids": self.token_ids,
+            "text": self.text,
+            "stats": self.stats,
+            "config": self.config,
+            "token_times": self.token_times,
+            "events": events,
+        }
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+
+def _plain(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}

