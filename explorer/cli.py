@@ -111,11 +111,15 @@ def run_audit_command(args: argparse.Namespace) -> int:
     else:
         lo, hi = result.tv_ci95
         print(f"samples per decoder: {result.samples}, compared: first {result.prefix_tokens} new tokens")
-        print(f"total variation (AR vs speculative): {result.tv_distance:.4f}  95% CI [{lo:.4f}, {hi:.4f}]  "
-              f"(sampling noise alone: ~{result.tv_noise_floor:.4f})")
+        nlo, nhi = result.tv_null_range
+        print(f"total variation (AR vs speculative): {result.tv_distance:.4f}, 95% bootstrap CI [{lo:.4f}, {hi:.4f}]")
+        print(f"  if both sampled one distribution, TV at these sample sizes would be in [{nlo:.4f}, {nhi:.4f}] "
+              "(permutation)")
         print(f"first token vs the exact target distribution: TV AR {result.first_token_tv_exact_ar:.4f}, "
               f"speculative {result.first_token_tv_exact_spec:.4f}")
-        print(f"chi-square two-sample p-value: {result.chi2_p_value:.4f}; draft acceptance {result.acceptance_rate:.3f}")
+        print(f"chi-square two-sample p-value: {result.chi2_p_value:.4f}; permutation p-value (TV): "
+              f"{result.permutation_p_value:.4f}; "
+              f"draft acceptance {result.acceptance_rate:.3f}")
         print(result.verdict)
     return 0
 
