@@ -168,3 +168,14 @@ def test_negative_control_without_residual_distribution_fails(small_vocab_models
     joint = exact_two_token_distribution(small_vocab_models, prompt_ids)
     counts = sample_two_tokens(small_vocab_models, prompt_ids)
     assert chi_square_p(counts, joint) < 1e-3
+
+
+def test_adaptive_gamma_keeps_greedy_output_and_changes_gamma(random_models):
+    changed = False
+    for prompt in PROMPTS[:5]:
+        ar = explorer.decode("autoregressive", random_models, prompt, max_new_tokens=24)
+        spec = explorer.decode("speculative", random_models, prompt, max_new_tokens=24, gamma=3, adaptive_gamma=True)
+        assert spec.token_ids == ar.token_ids
+        gammas = [e.gamma for e in spec.events if isinstance(e, explorer.events.Proposal)]
+        changed |= len(set(gammas)) > 1
+    assert changed, "adaptive gamma never moved"
