@@ -47,7 +47,7 @@ def stream(method: str, models: Models, prompt: str, **options: Any) -> Generato
     if method not in DECODERS:
         raise ExplorerError(f"unknown method {method!r}; choose one of {', '.join(DECODERS)}")
     cfg = make_config(method, models, options)
-    validate_prompt(prompt)
+    prompt = validate_prompt(prompt)
     tokenizer = models.diffusion_tokenizer if method == "diffusion" else models.tokenizer
     prompt_ids, prompt_format = encode_prompt(tokenizer, prompt, models.preset.chat)
     if not prompt_ids:

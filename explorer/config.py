@@ -90,8 +90,20 @@ def _validate_diffusion(cfg: DecodeConfig) -> None:
 
 
 def validate_prompt(prompt: Any) -> str:
+    """Text only: not empty, bounded, valid UTF-8, no control characters but tab and newlines."""
+    if isinstance(prompt, bytes):
+        try:
+            prompt = prompt.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ExplorerError("the prompt is not valid UTF-8 text") from None
     _require(isinstance(prompt, str), "the prompt must be text")
     _require(prompt.strip() != "", "the prompt is empty")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ExplorerError("the prompt is not valid UTF-8 text (it holds lone surrogates)") from None
+    bad = next((c for c in prompt if (ord(c) < 32 and c not in "\t\n\r") or 0x7F <= ord(c) < 0xA0), None)
+    _require(bad is None, f"the prompt contains a control character (U+{ord(bad or ' '):04X}); remove it")
     _require(len(prompt) <= MAX_PROMPT_CHARS, f"the prompt is too long ({len(prompt)} characters; "
              f"the limit is {MAX_PROMPT_CHARS})")
     return prompt

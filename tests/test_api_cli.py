@@ -43,7 +43,12 @@ def test_stream_yields_events_then_returns_the_trace(random_models):
 BAD_API = [
     ("autoregressive", "", {}),
     ("autoregressive", "   \n", {}),
-    ("autoregressive", "x" * 30_000, {}),
+    ("autoregressive", "x" * 1_000_000, {}),
+    ("autoregressive", "abc\x00def", {}),
+    ("autoregressive", "bell\x07", {}),
+    ("autoregressive", b"\xff\xfe binary", {}),
+    ("autoregressive", "lone \udc80 surrogate", {}),
+    ("autoregressive", 12345, {}),
     ("teleport", "abc", {}),
     ("autoregressive", "abc", {"max_new_tokens": 0}),
     ("autoregressive", "abc", {"max_new_tokens": -3}),
