@@ -51,6 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--samples", type=int, default=1000)
     a.add_argument("--prefix-tokens", type=int, default=2)
     a.add_argument("--json", action="store_true")
+    lt = sub.add_parser("loadtest", help="drive the app with concurrent sessions on loopback; --soak for memory")
+    lt.add_argument("--preset", default="tiny")
+    lt.add_argument("--clients", type=int, default=8)
+    lt.add_argument("--runs", type=int, default=3, help="runs per session")
+    lt.add_argument("--max-new-tokens", type=int, default=16)
+    lt.add_argument("--url", default=None, help="a running app on a loopback address (default: start one)")
+    lt.add_argument("--soak", action="store_true", help="sample resident memory every 10 runs")
+    lt.add_argument("--json", action="store_true")
     b = sub.add_parser("bench", help="run a workload and print p50/p95/p99")
     from explorer import bench
 
@@ -124,6 +132,25 @@ def run_audit_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_loadtest(args: argparse.Namespace) -> int:
+    from explorer.loadtest import require_loopback, run_load
+
+    if not 1 <= args.clients <= 64 or not 1 <= args.runs <= 10_000:
+        raise ExplorerError("--clients must be 1..64 and --runs 1..10000")
+    if args.url:
+        require_loopback(args.url)
+    report = run_load(args.clients, args.runs, args.preset, args.url, args.max_new_tokens, args.soak)
+    summary = report.summary()
+    if args.json:
+        print(json.dumps(summary, default=_json_default))
+    else:
+        for key, value in summary.items():
+            print(f"{key:18s} {value:.3f}" if isinstance(value, float) else f"{key:18s} {value}")
+        for error in report.errors[:5]:
+            print(f"  {error}")
+    return 0 if not report.errors and not report.crossed else 1
+
+
 def _json_default(obj):
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
@@ -137,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_decode(args)
         if args.command == "audit":
             return run_audit_command(args)
+        if args.command == "loadtest":
+            return run_loadtest(args)
         from explorer import bench
 
         return bench.run(args)
