@@ -1,0 +1,343 @@
+"""Animation frames: events -> HTML strings, one lane per decoding method.
+
+Pure functions, no Gradio: the UI calls them with the events recorded so far (live) or with
+the events of a finished trace up to a replay time. Every piece of model or user text goes
+through ``html.escape``; whitespace and control characters are made visible. Each token
+state has a CSS class *and* a text marker (never colour alone); hovering shows the numbers
+(p, q, min(1, p/q) for drafts; step and confidence for diffusion reveals).
+"""
+
+from __future__ import annotations
+
+import bisect
+import html
+import unicodedata
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from explorer.events import Event, Prefill, Proposal, RefinementStep, TokenStep, Trace, Verification
+
+Piece = Callable[[int], str]  # token id -> its text
+
+LANE_TITLES = {"autoregressive": "Autoregressive (reference)", "speculative": "Speculative decoding",
+               "diffusion": "Masked diffusion"}
+PROMPT_TAIL_CHARS, PROMPT_TAIL_LINES = 160, 3  # how much of the prompt each lane repeats
+
+# state -> (css class, text marker, legend text)
+MARKS = {
+    "target": ("tgt", "", "target token (one pass each)"),
+    "pending": ("pend", "?", "drafted, waiting for the target"),
+    "accepted": ("acc", "✓", "draft accepted"),
+    "rejected": ("rej", "✗", "draft rejected (struck through)"),
+    "discarded": ("skip", "⊘", "draft after a rejection, discarded unchecked"),
+    "resampled": ("res", "↻", "resampled by the target after a rejection"),
+    "bonus": ("bon", "★", "bonus token (every draft accepted)"),
+    "mask": ("mask", "", "[MASK], not yet revealed"),
+    "new": ("new", "●", "revealed at this step"),
+    "revealed": ("old", "", "revealed earlier (shade = confidence)"),
+}
+
+
+@dataclass(frozen=True)
+class LaneView:
+    """What one lane shows: the method, the events so far and how to label them."""
+
+    method: str
+    events: Sequence[Event]
+    prompt: str
+    piece: Piece
+    max_new_tokens: int
+    block_length: int | None = None  # diffusion: None means one block
+    clock_s: float = 0.0  # decoder time shown in the header
+    status: str = "running"  # "waiting" | "running" | "done"
+    detail: str = ""  # e.g. "model drafter, γ=4"
+
+
+def token_piece(tokenizer: Any) -> Piece:
+    """A cached id -> text function (special tokens kept, so EOS shows up).
+
+    A byte-level token holding part of a UTF-8 character decodes to U+FFFD; show its bytes
+    instead (``\\xc3``), so a character split over two tokens is visible as such.
+    """
+
+    @lru_cache(maxsize=65536)
+    def piece(token_id: int) -> str:
+        text = tokenizer.decode([token_id], skip_special_tokens=False)
+        if "\ufffd" in text:
+            raw = tokenizer.convert_ids_to_tokens(token_id)
+            if isinstance(raw, str) and raw and all(ch in BYTE_DECODER for ch in raw):
+                return bytes(BYTE_DECODER[ch] for ch in raw).decode("utf-8", errors="backslashreplace")
+        return text
+
+    return piece
+
+
+def _byte_decoder() -> dict[str, int]:
+    """Inverse of GPT-2's bytes_to_unicode: the printable stand-in character -> its byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return {chr(b): b for b in printable} | {chr(256 + i): b for i, b in enumerate(others)}
+
+
+BYTE_DECODER = _byte_decoder()
+
+
+def visible_html(text: str) -> str:
+    """Escape ``text`` for HTML and make whitespace and control characters visible."""
+    out = []
+    for ch in text:
+        if ch == "\n":
+            out.append('<span class="ws">↵</span>')
+        elif ch == "\t":
+            out.append('<span class="ws">⇥</span>')
+        elif ch == " ":
+            out.append('<span class="ws">·</span>')
+        elif ch == "\r":
+            out.append('<span class="ws">␍</span>')
+        elif unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp"):
+            out.append(f'<span class="ws">\\x{ord(ch):02x}</span>')
+        else:
+            out.append(html.escape(ch))
+    return "".join(out) or '<span class="ws">∅</span>'
+
+
+def _chip(piece: str, state: str, title: str, extra_class: str = "", style: str = "") -> str:
+    css, marker, _ = MARKS[state]
+    mark = f'<span class="mk">{marker}</span>' if marker else ""
+    style_attr = f' style="{style}"' if style else ""
+    brk = "<br>" if "\n" in piece and state not in ("mask", "new", "revealed") else ""
+    return (f'<span class="tok {css}{extra_class}" title="{html.escape(title, quote=True)}"{style_attr}>'
+            f"{visible_html(piece)}{mark}</span>{brk}")
+
+
+def legend_html(methods: Sequence[str] = ("autoregressive", "speculative", "diffusion")) -> str:
+    """The legend: a sample chip per state, marker and words (not colour alone)."""
+    states = ["target"] if "autoregressive" in methods else []
+    if "speculative" in methods:
+        states += ["pending", "accepted", "rejected", "discarded", "resampled", "bonus"]
+    if "diffusion" in methods:
+        states += ["mask", "new", "revealed"]
+    items = []
+    for state in states:
+        css, marker, words = MARKS[state]
+        sample = "MASK" if state == "mask" else "tok"
+        mark = f'<span class="mk">{marker}</span>' if marker else ""
+        items.append(f'<span class="legend-item"><span class="tok {css}">{sample}{mark}</span> '
+                     f"{html.escape(words)}</span>")
+    if "diffusion" in methods:
+        items.append('<span class="legend-item"><span class="blocksep-sample">┃</span> block boundary</span>')
+    items.append('<span class="legend-item"><span class="ws">·</span> space <span class="ws">↵</span> newline '
+                 '<span class="ws">⇥</span> tab</span>')
+    return f'<div class="legend" role="list">{"".join(items)}</div>'
+
+
+# ----------------------------------------------------------------------------------------------
+# lane bodies
+
+def _prompt_html(prompt: str) -> str:
+    """The end of the prompt (its last lines), dimmed, as context for the new tokens."""
+    lines = prompt.split("\n")
+    tail = "\n".join(lines[-PROMPT_TAIL_LINES:])[-PROMPT_TAIL_CHARS:]
+    cut = "…" if len(tail) < len(prompt) else ""
+    return f'<span class="prompt" title="the end of the prompt">{cut}{html.escape(tail)}</span>'
+
+
+def _autoregressive_body(view: LaneView) -> str:
+    chips = [_chip(view.piece(e.token), "target", f"step {e.step + 1} · p = {e.p:.3f}")
+             for e in view.events if isinstance(e, TokenStep)]
+    return "".join(chips)
+
+
+def _verification_chips(proposal: Proposal | None, ver: Verification, piece: Piece) -> list[str]:
+    drafted = proposal.tokens if proposal is not None else ()
+    kept = len(ver.emitted)
+    chips = []
+    for check in ver.checks:
+        numbers = f"p = {check.p:.3f} · q = {check.q:.3f} · min(1, p/q) = {check.accept_prob:.3f}"
+        if check.accepted and check.position < kept:
+            chips.append(_chip(piece(check.token), "accepted", f"draft {check.position + 1} accepted · {numbers}"))
+        elif check.accepted:
+            chips.append(_chip(piece(check.token), "discarded", f"accepted but cut (EOS / length) · {numbers}"))
+        else:
+            chips.append(_chip(piece(check.token), "rejected", f"draft {check.position + 1} rejected · {numbers}"))
+    for i in range(len(ver.checks), len(drafted)):
+        chips.append(_chip(piece(drafted[i]), "discarded", f"draft {i + 1}: after a rejection, never checked"))
+    if kept == ver.accepted + 1:
+        if ver.resampled is not None:
+            chips.append(_chip(piece(ver.resampled), "resampled", "drawn by the target from norm(max(0, p − q))"))
+        elif ver.bonus is not None and drafted:
+            title = "bonus: drawn from the target's next distribution (all drafts accepted)"
+            chips.append(_chip(piece(ver.bonus), "bonus", title))
+        elif ver.bonus is not None:  # nothing was drafted (e.g. no n-gram match): a plain target token
+            chips.append(_chip(piece(ver.bonus), "target", "target token (nothing drafted this step)"))
+    return chips
+
+
+def _speculative_body(view: LaneView) -> str:
+    parts, proposal, passes = [], None, 0
+    for e in view.events:
+        if isinstance(e, Proposal):
+            proposal = e
+        elif isinstance(e, Verification):
+            passes += 1
+            parts.append(f'<span class="stepsep" title="target pass {passes}: kept {len(e.emitted)} '
+                         f'token(s)"></span>')
+            parts += _verification_chips(proposal, e, view.piece)
+            proposal = None
+    if proposal is not None:  # drafted, not yet verified
+        parts.append('<span class="stepsep"></span>')
+        parts += [_chip(view.piece(tok), "pending", f"draft {i + 1} · q = {q:.3f} (waiting for the target)")
+                  for i, (tok, q) in enumerate(zip(proposal.tokens, proposal.q, strict=True))]
+    return "".join(parts)
+
+
+def diffusion_canvas(events: Sequence[Event], size: int) -> list[tuple[int, float, int] | None]:
+    """Per output position: None while masked, else (token, confidence, step it was revealed at)."""
+    canvas: list[tuple[int, float, int] | None] = [None] * size
+    for e in events:
+        if isinstance(e, RefinementStep):
+            for pos, tok, conf in zip(e.positions, e.tokens, e.confidences, strict=True):
+                if 0 <= pos < size:
+                    canvas[pos] = (tok, conf, e.step)
+    return canvas
+
+
+def _diffusion_body(view: LaneView) -> str:
+    size = view.max_new_tokens
+    block = view.block_length or size
+    canvas = diffusion_canvas(view.events, size)
+    steps = [e for e in view.events if isinstance(e, RefinementStep)]
+    last_step = steps[-1].step if steps else None
+    cells = []
+    for pos, cell in enumerate(canvas):
+        if pos % block == 0:
+            if pos:
+                cells.append("</div>")
+            cells.append(f'<div class="block" title="block {pos // block + 1}">'
+                         f'<span class="blocklabel">block {pos // block + 1}</span>')
+        if cell is None:
+            cells.append(f'<span class="tok mask" title="position {pos + 1}: masked">MASK</span>')
+            continue
+        tok, conf, step = cell
+        state = "new" if step == last_step else "revealed"
+        title = f"position {pos + 1} · revealed at step {step + 1} · confidence {conf:.3f}"
+        cells.append(_chip(view.piece(tok), state, title, style=f"--conf:{max(0.0, min(1.0, conf)):.3f}"))
+    if canvas:
+        cells.append("</div>")
+    return f'<div class="canvas">{"".join(cells)}</div>'
+
+
+# ----------------------------------------------------------------------------------------------
+# headers and lanes
+
+def lane_counts(method: str, events: Sequence[Event], max_new_tokens: int) -> dict[str, Any]:
+    """Counters for a lane header, computed from the events shown so far."""
+    if method == "autoregressive":
+        n = sum(isinstance(e, TokenStep) for e in events)
+        return {"tokens": n, "target_passes": n}
+    if method == "speculative":
+        target = sum(isinstance(e, Verification) or (isinstance(e, Prefill) and e.model == "target")
+                     for e in events)
+        draft = sum(e.draft_passes for e in events if isinstance(e, Proposal))
+        ver = [e for e in events if isinstance(e, Verification)]
+        drafted = {e.step: len(e.tokens) for e in events if isinstance(e, Proposal)}
+        proposed = sum(drafted.get(v.step, 0) for v in ver)
+        accepted = sum(v.accepted for v in ver)
+        return {"tokens": sum(len(v.emitted) for v in ver), "target_passes": target, "draft_passes": draft,
+                "acceptance_rate": accepted / proposed if proposed else None}
+    steps = [e for e in events if isinstance(e, RefinementStep)]
+    return {"tokens": sum(len(e.positions) for e in steps), "target_passes": len(steps),
+            "masks_left": steps[-1].masks_left if steps else max_new_tokens}
+
+
+def _header(view: LaneView, counts: dict[str, Any]) -> str:
+    passes = counts["target_passes"]
+    per_pass = f"{counts['tokens'] / passes:.2f}" if passes else "–"
+    pass_word = "denoiser passes" if view.method == "diffusion" else "target passes"
+    bits = [f'<span class="clock" title="decoder clock: time since this decoder started">'
+            f"clock {view.clock_s:.3f} s</span>",
+            f"<span>{passes} {pass_word}</span>", f"<span>{per_pass} tokens/pass</span>",
+            f"<span>{counts['tokens']} tokens</span>"]
+    if view.method == "speculative":
+        bits.insert(2, f"<span>{counts['draft_passes']} draft passes</span>")
+        rate = counts["acceptance_rate"]
+        bits.append(f"<span>acceptance {rate:.0%}</span>" if rate is not None else "<span>acceptance –</span>")
+    if view.method == "diffusion":
+        bits.append(f'<span class="masks-left">{counts["masks_left"]} / {view.max_new_tokens} masks left</span>')
+    status = {"waiting": "waiting its turn", "running": "running", "done": "done"}[view.status]
+    detail = f' <span class="detail">{html.escape(view.detail)}</span>' if view.detail else ""
+    return (f'<div class="lane-head"><div class="lane-title">{LANE_TITLES[view.method]}{detail}'
+            f' <span class="status">{status}</span></div><div class="lane-stats">{" · ".join(bits)}</div></div>')
+
+
+def lane_html(view: LaneView) -> str:
+    """One lane: header (clock, passes, tokens per pass) and body at the events given."""
+    counts = lane_counts(view.method, view.events, view.max_new_tokens)
+    body = {"autoregressive": _autoregressive_body, "speculative": _speculative_body,
+            "diffusion": _diffusion_body}[view.method](view)
+    prompt = _prompt_html(view.prompt) if view.method != "diffusion" else ""
+    if view.method == "diffusion":
+        prompt = f'<div class="prompt-line">{_prompt_html(view.prompt)}</div>'
+    waiting = ""
+    if view.status == "waiting":
+        waiting = '<div class="waiting">runs after the lanes before it, so each is timed alone</div>'
+    masks = f' data-masks-left="{counts["masks_left"]}"' if view.method == "diffusion" else ""
+    return (f'<section class="lane lane-{view.method}" data-method="{view.method}" data-status="{view.status}"'
+            f' data-tokens="{counts["tokens"]}"{masks}>{_header(view, counts)}'
+            f'<div class="lane-body">{prompt}{body}</div>{waiting}</section>')
+
+
+def lanes_html(lanes: Sequence[str], methods: Sequence[str], caption: str = "") -> str:
+    """Lanes side by side (one column each) under the legend."""
+    cap = f'<div class="frame-caption">{html.escape(caption)}</div>' if caption else ""
+    return (f'<div class="explorer-frame" style="--lanes:{max(1, len(lanes))}">{legend_html(methods)}'
+            f'<div class="lanes">{"".join(lanes)}</div>{cap}</div>')
+
+
+# ----------------------------------------------------------------------------------------------
+# finished traces: replay on a shared clock
+
+def event_offsets(trace: Trace) -> list[float]:
+    """Seconds after the trace's start at which each event happened."""
+    return [e.t - trace.t0 for e in trace.events]
+
+
+def events_until(trace: Trace, at_s: float) -> list[Event]:
+    """The events of ``trace`` that had happened ``at_s`` seconds after it started."""
+    return trace.events[: bisect.bisect_right(event_offsets(trace), at_s)]
+
+
+def trace_view(trace: Trace, piece: Piece, at_s: float | None = None, detail: str = "") -> LaneView:
+    """A finished trace as a lane, at replay time ``at_s`` (None: the end)."""
+    wall = float(trace.stats["wall_s"])
+    at = wall if at_s is None else max(0.0, at_s)
+    events = trace.events if at >= wall else events_until(trace, at)
+    cfg = trace.config
+    return LaneView(trace.method, events, trace.prompt, piece, int(cfg["max_new_tokens"]),
+                    cfg.get("block_length"), clock_s=min(at, wall), status="done" if at >= wall else "running",
+                    detail=detail or lane_detail(trace.method, cfg))
+
+
+def lane_detail(method: str, config: dict[str, Any]) -> str:
+    """A short description of a lane's settings for its header."""
+    if method == "speculative":
+        return f"{config.get('drafter', 'model')} drafter, γ = {config.get('gamma')}"
+    if method == "diffusion":
+        n = config["max_new_tokens"]
+        steps, block = config.get("steps") or n, config.get("block_length") or n
+        extra = f", threshold {config['threshold']}" if config.get("threshold") else ""
+        return f"N = {n}, K = {steps} steps, blocks of {block}, {config.get('remasking')}{extra}"
+    return "one target pass per token"
+
+
+def next_event_time(traces: Sequence[Trace], at_s: float, backwards: bool = False) -> float:
+    """The replay's step buttons: the next event time after ``at_s`` across all traces, or
+    (backwards) the time of the event before the latest one shown at ``at_s``."""
+    times = sorted({off for tr in traces for off in event_offsets(tr)})
+    if backwards:
+        shown = [t for t in times if t <= at_s + 1e-9]
+        return shown[-2] if len(shown) >= 2 else 0.0
+    later = [t for t in times if t > at_s + 1e-9]
+    return later[0] if later else (times[-1] if times else 0.0)
