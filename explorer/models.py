@@ -355,6 +355,7 @@ def timed_forward(model: nn.Module, input_ids: torch.Tensor, cache: Any = None) 
     synchronize(device)
     start = time.perf_counter()
     kwargs = {"past_key_values": cache, "use_cache": True} if cache is not None else {}
-    logits = model(input_ids=input_ids, **kwargs).logits
+    with torch.no_grad():
+        logits = model(input_ids=input_ids, **kwargs).logits
     synchronize(device)
     return logits, time.perf_counter() - start
