@@ -25,7 +25,7 @@ def decode_autoregressive(models: Models, prompt_ids: list[int], cfg: DecodeConf
     times: list[float] = []
     forward_s = 0.0
     for step in range(cfg.max_new_tokens):
-        logits, dt = timed_forward(models.target, ids, cache)
+        logits, dt = timed_forward(models.target, ids, cache, keep=1)
         forward_s += dt
         probs = warp_logits(logits[0, -1], cfg.temperature, cfg.top_k, cfg.top_p)  # (V,)
         token = sample(probs, gen)

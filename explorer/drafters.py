@@ -43,7 +43,7 @@ class ModelDrafter:
         feed = tokens[self.cache.get_seq_length():]  # everything the draft has not seen yet
         drafted, rows, seconds = [], [], 0.0
         for _ in range(gamma):
-            logits, dt = timed_forward(self.model, torch.tensor([feed], device=device), self.cache)
+            logits, dt = timed_forward(self.model, torch.tensor([feed], device=device), self.cache, keep=1)
             seconds += dt
             q = warp_logits(logits[0, -1], cfg.temperature, cfg.top_k, cfg.top_p)  # (V,)
             token = sample(q, gen)
@@ -86,12 +86,18 @@ class PromptLookupDrafter:
 
 
 def find_continuation(tokens: list[int], gamma: int, max_ngram: int) -> list[int]:
-    """Longest n-gram first; the most recent earlier occurrence wins."""
+    """Longest n-gram first; among its earlier occurrences the most recent one with a full gamma
+    continuation wins (in repeating output the latest match runs into the end), else the longest."""
     for n in range(min(max_ngram, len(tokens) - 1), 0, -1):
-        pattern = tokens[-n:]
+        pattern, best = tokens[-n:], []
         for start in range(len(tokens) - n - 1, -1, -1):
             if tokens[start:start + n] == pattern:
-                return tokens[start + n:start + n + gamma]
+                found = tokens[start + n:start + n + gamma]
+                if len(found) == gamma:
+                    return found
+                best = max(best, found, key=len)
+        if best:
+            return best
     return []
 
 

@@ -48,7 +48,8 @@ class LoadReport:
                 "errors": len(self.errors), "crossed_sessions": self.crossed,
                 "latency_p50_s": percentile(self.latencies_s, 50), "latency_p99_s": percentile(self.latencies_s, 99),
                 "wall_s": self.wall_s, "rss_first_mb": self.rss_mb[0][1] if self.rss_mb else None,
-                "rss_last_mb": self.rss_mb[-1][1] if self.rss_mb else None, "rss_growth_mb": growth}
+                "rss_last_mb": self.rss_mb[-1][1] if self.rss_mb else None, "rss_growth_mb": growth,
+                "rss_series_mb": [(n, round(mb, 1)) for n, mb in self.rss_mb]}
 
 
 def require_loopback(url: str) -> None:

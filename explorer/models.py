@@ -349,13 +349,19 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed_forward(model: nn.Module, input_ids: torch.Tensor, cache: Any = None) -> tuple[torch.Tensor, float]:
-    """One forward pass, synchronized before and after; returns logits (1, T, V) and seconds."""
+def timed_forward(model: nn.Module, input_ids: torch.Tensor, cache: Any = None,
+                  keep: int | None = None) -> tuple[torch.Tensor, float]:
+    """One forward pass, synchronized before and after; returns logits (1, T, V) and seconds.
+
+    ``keep``: compute the LM head for the last ``keep`` positions only (a prefill needs one row).
+    """
     device = input_ids.device
+    kwargs: dict[str, Any] = {"past_key_values": cache, "use_cache": True} if cache is not None else {}
+    if keep is not None:
+        kwargs["logits_to_keep"] = keep
     synchronize(device)
     start = time.perf_counter()
-    kwargs = {"past_key_values": cache, "use_cache": True} if cache is not None else {}
-    with torch.no_grad():
+    with torch.inference_mode():
         logits = model(input_ids=input_ids, **kwargs).logits
     synchronize(device)
     return logits, time.perf_counter() - start

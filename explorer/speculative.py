@@ -94,8 +94,8 @@ def decode_speculative(models: Models, prompt_ids: list[int], cfg: DecodeConfig)
             yield Proposal(time.perf_counter(), step, drafter.name, gamma, tuple(drafted), q_drafted,
                            draft.forward_s, draft.passes)
         feed = tokens[cache.get_seq_length():] + drafted  # the whole prompt on the first step, then [last, drafts]
-        logits, dt = timed_forward(models.target, torch.tensor([feed], device=device), cache)
-        p = warp_logits(logits[0, -len(drafted) - 1:], cfg.temperature, cfg.top_k, cfg.top_p)  # (g+1, V)
+        logits, dt = timed_forward(models.target, torch.tensor([feed], device=device), cache, keep=len(drafted) + 1)
+        p = warp_logits(logits[0], cfg.temperature, cfg.top_k, cfg.top_p)  # (g+1, V)
         accepted, checks, extra, is_bonus = verify_drafts(p, draft.q if drafted else None, drafted, gen)
         emitted = _cut(drafted[:accepted] + [extra], eos, remaining)
         keep = len(tokens) + accepted  # tokens before this step + accepted drafts
