@@ -63,10 +63,14 @@ def require_loopback(url: str) -> None:
 
 
 def start_app(preset: str) -> tuple[object, str]:
+    """Build the app on ``preset`` and serve it on a free loopback port; returns (demo, url)."""
     from explorer import ui
 
-    ui.DEFAULT_PRESET = preset
-    demo = ui.build_demo()
+    default, ui.DEFAULT_PRESET = ui.DEFAULT_PRESET, preset
+    try:
+        demo = ui.build_demo()
+    finally:
+        ui.DEFAULT_PRESET = default
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

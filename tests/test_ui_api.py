@@ -1,7 +1,6 @@
 """The app through its public API (gradio_client), and the handlers the buttons call."""
 
 import json
-import socket
 import threading
 import time
 from pathlib import Path
@@ -13,6 +12,7 @@ from gradio_client import Client, handle_file
 import explorer
 from explorer import ui
 from explorer.events import Proposal
+from explorer.loadtest import start_app
 
 PROMPT = "def parse(line):"
 LANES = ["autoregressive", "speculative", "diffusion"]
@@ -22,26 +22,11 @@ RESULT = 2  # /run outputs: frame, run table, token ids per lane, model info, fi
 RUN_ARGS = (PROMPT, "random-tiny", LANES, 32, 0.0, 1.0, 0, "model", 4, False, 16, 16, "low_confidence", 0.0)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def app_url(monkeypatch_module):
-    monkeypatch_module.setattr(ui, "DEFAULT_PRESET", "random-tiny")
-    demo = ui.build_demo()
-    port = free_port()
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
-    yield f"http://127.0.0.1:{port}/"
+def app_url():
+    demo, url = start_app("random-tiny")
+    yield url
     demo.close()
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    with pytest.MonkeyPatch.context() as mp:
-        yield mp
 
 
 @pytest.fixture(scope="module")

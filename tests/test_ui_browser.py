@@ -6,12 +6,12 @@ default preset (the embedded models when present) and also writes docs/screensho
 """
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
 
 from explorer import ui
+from explorer.loadtest import start_app
 
 CHROMIUM = "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,21 +35,10 @@ RECORDER = """() => {
 }"""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def app_url():
-    with pytest.MonkeyPatch.context() as mp:
-        if not DOCS:
-            mp.setattr(ui, "DEFAULT_PRESET", "random-tiny")
-        demo = ui.build_demo()
-    port = free_port()
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
-    yield f"http://127.0.0.1:{port}/"
+    demo, url = start_app("tiny" if DOCS else "random-tiny")
+    yield url
     demo.close()
 
 
