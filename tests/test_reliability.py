@@ -36,3 +36,37 @@ def test_model_cache_is_bounded_lru(monkeypatch):
     assert len(models_mod._CACHE) == 2
     # tiny was used after random-tiny, so random-tiny was evicted first and had to be loaded again
     assert loads == ["tiny", "random-tiny", "smollm2-135m", "random-tiny"]
+
+
+def test_app_listens_on_loopback_only(tmp_path):
+    """`python app.py` binds 127.0.0.1 unless GRADIO_SERVER_NAME says otherwise."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import psutil
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k != "GRADIO_SERVER_NAME"}
+    env.update(GRADIO_SERVER_PORT=str(port), OMP_NUM_THREADS="1")
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.Popen([sys.executable, "app.py"], cwd=root, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        listening = []
+        for _ in range(240):
+            listening = [c.laddr for c in psutil.Process(proc.pid).net_connections(kind="inet")
+                         if c.status == psutil.CONN_LISTEN]
+            if any(addr.port == port for addr in listening):
+                break
+            time.sleep(0.5)
+        assert any(addr.port == port for addr in listening), "the app did not start listening"
+        assert all(addr.ip in ("127.0.0.1", "::1") for addr in listening), listening
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
