@@ -40,7 +40,7 @@ from explorer.config import DRAFTERS, METHODS, DecodeConfig, validate
 from explorer.errors import ExplorerError
 from explorer.events import Proposal, RefinementStep, TokenStep, Trace, Verification
 from explorer.metrics import PERCENTILES, inter_token_latencies, percentile, predicted_speedup, request_row, summarize
-from explorer.models import Models, synchronize
+from explorer.models import DEFAULT_PRESET, Models, synchronize
 from explorer.report import (
     Section,
     batch_figure,
@@ -687,7 +687,7 @@ def peer_section(models: Models, sets: list[PromptSet], s: Settings) -> tuple[Se
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of ``python -m explorer bench`` (the CLI adds only the subcommand)."""
-    p.add_argument("--preset", default="tiny")
+    p.add_argument("--preset", default=DEFAULT_PRESET)
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default=None)
     p.add_argument("--prompts", default="code",

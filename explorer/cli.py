@@ -11,6 +11,7 @@ import math
 import sys
 
 from explorer.errors import ExplorerError
+from explorer.models import DEFAULT_PRESET
 
 
 class _Parser(argparse.ArgumentParser):
@@ -19,7 +20,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="tiny")
+    p.add_argument("--preset", default=DEFAULT_PRESET)
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default=None)
     p.add_argument("--prompt", required=True)
@@ -52,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--prefix-tokens", type=int, default=2)
     a.add_argument("--json", action="store_true")
     lt = sub.add_parser("loadtest", help="drive the app with concurrent sessions on loopback; --soak for memory")
-    lt.add_argument("--preset", default="tiny")
+    lt.add_argument("--preset", default=DEFAULT_PRESET)
     lt.add_argument("--clients", type=int, default=8)
     lt.add_argument("--runs", type=int, default=3, help="runs per session")
     lt.add_argument("--max-new-tokens", type=int, default=16)

@@ -26,6 +26,9 @@ TINY_DIR = ASSETS / "models" / "tiny"
 
 # Hub ids allowed to run remote code (their modelling code is not in transformers).
 # Never extend this from user input: a typed model id never gets trust_remote_code.
+# The preset used when none is named: by the app, ``load_models()`` and the CLI alike.
+DEFAULT_PRESET = "tiny"
+
 TRUST_REMOTE_CODE_ALLOWLIST = frozenset({"Dream-org/Dream-v0-Instruct-7B", "GSAI-ML/LLaDA-8B-Instruct"})
 
 
@@ -118,7 +121,7 @@ _CACHE: OrderedDict[tuple, Models] = OrderedDict()
 CACHE_SIZE = int(os.environ.get("EXPLORER_MODEL_CACHE", "2"))
 
 
-def load_models(preset: str = "tiny", device: str = "auto", dtype: str | torch.dtype | None = None,
+def load_models(preset: str = DEFAULT_PRESET, device: str = "auto", dtype: str | torch.dtype | None = None,
                 **hub_ids: str) -> Models:
     """Load (or fetch from the LRU cache) the models of a preset. ``device="auto"`` picks CUDA if present."""
     if preset not in PRESETS and preset != "custom":

@@ -31,7 +31,7 @@ from explorer.config import validate_prompt
 from explorer.errors import ExplorerError
 from explorer.events import Event, Proposal, Trace, Verification
 from explorer.metrics import requests_frame, summarize
-from explorer.models import PRESETS, TINY_DIR, Models
+from explorer.models import DEFAULT_PRESET, PRESETS, Models
 from explorer.workload import Prompt, parse_prompts
 from explorer.workload import read_prompt_file as read_text_file
 
@@ -46,7 +46,6 @@ except ImportError:  # anywhere else a no-op
 
 
 METHODS = ("autoregressive", "speculative", "diffusion")
-DEFAULT_PRESET = "tiny" if (TINY_DIR / "target" / "config.json").exists() else "random-tiny"
 STYLE = (Path(__file__).resolve().parent.parent / "assets" / "style.css").read_text(encoding="utf-8")
 HISTORY_LIMIT = 50  # traces kept per session
 FRAME_INTERVAL_S = 1 / 20  # playback: at most 20 frames per second ...

@@ -1,0 +1,112 @@
+"""A broad chat prompt mix, made here from templates (nothing is downloaded).
+
+Prompts are instructions, explanations and Python tasks over a few hundred topics. The split is by
+*topic*: a held-out topic never appears in any training prompt, so held-out prompts are unseen
+questions about unseen subjects, not paraphrases of training ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import random
+
+GENERAL_TOPICS = """photosynthesis|the water cycle|black holes|volcanoes|earthquakes|the moon's phases|rainbows|
+tides|the seasons|gravity|magnets|electricity|static electricity|sound waves|light and colour|the human heart|
+the immune system|vaccines|sleep|dreams|memory|the brain|muscles|bones|digestion|vitamins|dehydration|
+honeybees|ants|octopuses|whales|dolphins|penguins|elephants|wolves|owls|butterflies|coral reefs|rainforests|
+deserts|glaciers|rivers|oceans|clouds|thunderstorms|hurricanes|snow|wind energy|solar panels|batteries|
+recycling|composting|climate change|air pollution|plastic waste|bicycles|trains|airplanes|rockets|
+satellites|the internet|email|passwords|encryption|smartphones|GPS|cameras|printing|paper|money|banks|
+interest rates|inflation|saving money|budgeting|taxes|supply and demand|the stock market|insurance|
+democracy|elections|the Roman Empire|ancient Egypt|the pyramids|the printing press|the industrial revolution|
+the Renaissance|the Silk Road|Vikings|castles|knights|the Olympic Games|chess|football|tennis|swimming|
+running|yoga|meditation|breakfast|bread|coffee|tea|chocolate|cheese|rice|pasta|soup|salad|pizza|spices|
+gardening|houseplants|tomatoes|apples|bananas|dogs|cats|horses|birds|fish tanks|libraries|museums|
+maps|time zones|calendars|clocks|languages|grammar|poetry|novels|fairy tales|music|the piano|the guitar|
+drums|painting|photography|film|theatre|architecture|bridges|skyscrapers|roads|cities|villages|farming|
+cows|wheat|forests|mushrooms|stars|planets|Mars|Jupiter|Saturn's rings|comets|the Sun|eclipses|telescopes|
+microscopes|cells|DNA|evolution|dinosaurs|fossils|rocks and minerals|diamonds|gold|iron|steel|glass|
+water|ice|steam|fire|friction|levers|wheels|engines|electric cars|traffic lights|public transport|
+teamwork|leadership|kindness|friendship|learning a language|studying for exams|writing an essay|
+giving a presentation|job interviews|time management|habits|stress|exercise|walking|camping|hiking|
+maps and compasses|first aid|cooking eggs|baking a cake|making tea|cleaning a room|moving house|
+writing a letter|saying thank you|birthdays|holidays|winter|summer|autumn|spring""".replace("\n", "")
+
+PYTHON_TASKS = """reverses a string|checks whether a number is prime|returns the factorial of n|
+computes the nth Fibonacci number|counts the vowels in a string|removes duplicates from a list|
+finds the largest number in a list|merges two sorted lists|checks whether a string is a palindrome|
+sums the digits of an integer|converts Celsius to Fahrenheit|flattens a nested list|
+counts how often each word appears in a text|returns the average of a list of numbers|
+capitalizes the first letter of each word|checks whether two strings are anagrams|
+finds the second largest number in a list|reads a text file and counts its lines|
+returns the greatest common divisor of two numbers|sorts a list of dictionaries by a key|
+splits a list into chunks of size n|returns the intersection of two lists|
+validates an email address with a simple rule|converts a binary string to an integer|
+generates a random password|finds all even numbers in a list|returns the median of a list|
+removes punctuation from a string|checks whether a year is a leap year|rotates a list by k positions|
+transposes a matrix|computes the dot product of two vectors|returns the length of the longest word|
+counts the uppercase letters in a string|converts a list of strings to integers|
+returns the squares of the numbers from 1 to n|finds the index of an item in a list|
+implements binary search|implements bubble sort|computes the power set of a list|
+returns a dictionary that maps each character to its count|checks whether a list is sorted|
+parses a date string like 2024-01-31|formats a number with thousands separators|
+builds a simple stack class|builds a simple queue class|computes compound interest|
+returns the n most common words in a text|checks balanced parentheses|
+converts a dictionary to a JSON string|reads a CSV file into a list of rows|
+returns the difference between two dates in days|merges two dictionaries|
+computes the area of a circle|returns the prime factors of a number|
+finds the longest common prefix of a list of strings|counts the words in a sentence|
+replaces spaces with underscores|truncates a string to n characters|returns the last n items of a list|
+checks whether a number is a perfect square|converts seconds to hours, minutes and seconds|
+computes the running total of a list|zips two lists into a dictionary|
+filters out empty strings from a list|returns the unique words of a text in order|
+shuffles a list in place|picks a random element from a list|
+computes the Euclidean distance between two points|checks whether a string contains only digits""".replace("\n", "")
+
+GENERAL_TEMPLATES = [
+    "Explain {t} in simple terms.",
+    "Tell me about {t}.",
+    "Give me three interesting facts about {t}.",
+    "Write a short paragraph about {t}.",
+    "Why should we care about {t}?",
+    "How would you explain {t} to a ten-year-old?",
+    "Write a few tips about {t}.",
+    "Summarize what people should know about {t}.",
+    "Write a short poem about {t}.",
+    "What are common misconceptions about {t}?",
+]
+
+PYTHON_TEMPLATES = [
+    "Write a Python function that {t}.",
+    "How do I write a function in Python that {t}?",
+    "Show me Python code that {t}, and explain it briefly.",
+    "Write a short Python program that {t}. Add a docstring.",
+    "Implement a Python function that {t}, with a short example of how to call it.",
+    "I need Python code that {t}. Keep it simple.",
+    "Write a Python function that {t}. Use type hints.",
+    "Can you write Python that {t}?",
+]
+
+
+def _topics(blob: str) -> list[str]:
+    return [t.strip() for t in blob.split("|") if t.strip()]
+
+
+def is_heldout_topic(topic: str, every: int = 8) -> bool:
+    """Deterministic: one topic in ``every`` (by sha1 of its text) is held out."""
+    return int(hashlib.sha1(topic.encode()).hexdigest(), 16) % every == 0
+
+
+def chat_prompts(split: str = "train", seed: int = 0) -> list[dict]:
+    """All prompts of a split, shuffled with a fixed seed: ``[{"id", "prompt", "kind"}]``."""
+    if split not in ("train", "heldout"):
+        raise ValueError(f"split must be 'train' or 'heldout', not {split!r}")
+    out = []
+    for kind, blob, templates in (("general", GENERAL_TOPICS, GENERAL_TEMPLATES),
+                                  ("python", PYTHON_TASKS, PYTHON_TEMPLATES)):
+        for topic, (i, template) in itertools.product(_topics(blob), enumerate(templates)):
+            if is_heldout_topic(topic) == (split == "heldout"):
+                out.append({"id": f"{kind}:{topic}:{i}", "prompt": template.format(t=topic), "kind": kind})
+    random.Random(seed).shuffle(out)
+    return out
