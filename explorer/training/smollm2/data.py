@@ -1,0 +1,97 @@
+"""Stage 1: the target's own answers to the chat prompt mix, with its top-k log-probs (sequence-level
+distillation data)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from explorer.training.prompts import chat_prompts
+from explorer.training.smollm2.common import (
+    TOP_K,
+    budget_seconds,
+    chat_text,
+    load_rows,
+    load_target,
+    log_event,
+)
+
+
+class TopKRecorder:
+    """A logits processor that keeps the teacher's top-k log-probs at each step and changes nothing.
+
+    With greedy decoding, or sampling at temperature 1 with no top-k/top-p, transformers adds no
+    other processor, so the scores seen here are the model's raw logits.
+    """
+
+    def __init__(self, k: int):
+        self.k, self.values, self.ids = k, [], []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        values, ids = torch.log_softmax(scores.float(), dim=-1).topk(self.k, dim=-1)  # (B, k)
+        self.values.append(values.to(torch.float16))
+        self.ids.append(ids.to(torch.int32))
+        return scores
+
+
+def generate_data(work: Path, budget_min: float, batch: int = 32, max_new: int = 256, seed: int = 0,
+                  part: int = 0, parts: int = 1) -> dict:
+    """Append shards of (prompt ids, answer ids, teacher top-k) until the budget or the prompts run out.
+
+    Shard ``i`` holds prompts ``[i*batch, (i+1)*batch)`` of the fixed-order train split, so a run
+    resumes at the first missing shard. Even shards are greedy, odd shards temperature 1.
+    """
+    budget = budget_seconds(budget_min)
+    data = work / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    model, tok = load_target(work)
+    tok.padding_side = "left"
+    prompts = chat_prompts("train", seed=seed)
+    n_shards = math.ceil(len(prompts) / batch)
+    start, made, tokens = time.time(), 0, 0
+    # ``parts`` processes can share the work: process ``part`` takes shard pairs (greedy, T=1) p, p+parts...
+    todo = [i for i in range(n_shards)
+            if (i // 2) % parts == part and not (data / f"shard_{i:05d}.pt").exists()]
+    bar = tqdm(todo, desc="data (shards)")
+    for i in bar:
+        chunk = prompts[i * batch:(i + 1) * batch]
+        enc = tok([chat_text(tok, p["prompt"]) for p in chunk], return_tensors="pt", padding=True)
+        greedy = i % 2 == 0
+        torch.manual_seed(seed * 100_003 + i)
+        recorder = TopKRecorder(TOP_K)
+        with torch.inference_mode():
+            out = model.generate(**enc, max_new_tokens=max_new, do_sample=not greedy,
+                                 temperature=None if greedy else 1.0, top_k=None if greedy else 0, top_p=None,
+                                 pad_token_id=tok.pad_token_id, logits_processor=[recorder],
+                                 return_dict_in_generate=True)
+        top_lp, top_id = torch.stack(recorder.values, 1), torch.stack(recorder.ids, 1)  # (B, T, k)
+        plen = enc.input_ids.shape[1]
+        rows = []
+        for b, p in enumerate(chunk):
+            prompt_ids = enc.input_ids[b][enc.attention_mask[b].bool()].tolist()
+            answer = out.sequences[b, plen:].tolist()
+            n = len(answer)
+            if tok.eos_token_id in answer:
+                n = answer.index(tok.eos_token_id) + 1  # keep the end-of-turn token: the draft must learn it
+            rows.append({"id": p["id"], "prompt_ids": prompt_ids, "answer_ids": answer[:n],
+                         "top_ids": top_id[b, :n].clone(), "top_lp": top_lp[b, :n].clone(),
+                         "temperature": 0.0 if greedy else 1.0})
+            tokens += n
+        tmp = data / f"shard_{i:05d}.tmp"
+        torch.save(rows, tmp)
+        tmp.rename(data / f"shard_{i:05d}.pt")
+        made += 1
+        bar.set_postfix(tokens=tokens, tok_s=f"{tokens / (time.time() - start):.0f}")
+        log_event(work, "data", shard=i, answer_tokens=sum(len(r["answer_ids"]) for r in rows))
+        if time.time() - start > budget:  # checked after a shard: every run makes at least one
+            break
+    total = sum(len(r["answer_ids"]) for r in load_rows(work))
+    info = {"shards_made": made, "answer_tokens_this_run": tokens, "seconds": time.time() - start,
+            "answer_tokens_total": total, "shards_total": len(list(data.glob("shard_*.pt")))}
+    print(json.dumps(info))
+    return info

