@@ -220,3 +220,15 @@ def test_smollm2_preset_draft_and_diffusion_partner():
     diff = explorer.decode("diffusion", models, prompt, max_new_tokens=16, steps=16, block_length=8)
     assert diff.stats["prompt_format"] == "chat_template" and len(diff.token_ids) > 0
     assert models.mask_token_id not in diff.token_ids
+
+
+def test_one_default_preset_for_the_api_the_cli_and_the_app():
+    import inspect
+
+    from explorer import cli, models, ui
+
+    assert models.DEFAULT_PRESET == "smollm2-135m"  # a preset whose output a class can read
+    assert inspect.signature(explorer.load_models).parameters["preset"].default == models.DEFAULT_PRESET
+    args = cli.build_parser().parse_args(["decode", "--prompt", "x", "--method", "autoregressive"])
+    assert args.preset == models.DEFAULT_PRESET
+    assert ui.DEFAULT_PRESET == models.DEFAULT_PRESET
