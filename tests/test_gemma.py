@@ -44,7 +44,7 @@ def test_assistant_speculative_equals_autoregressive_and_transformers(gemma, gam
     gemma.draft.generation_config.num_assistant_tokens = gamma
     accepted = 0
     for prompt in PROMPTS:
-        n = 20
+        n = 16
         ar = explorer.decode("autoregressive", gemma, prompt, max_new_tokens=n)
         spec = explorer.decode("speculative", gemma, prompt, max_new_tokens=n, drafter="assistant", gamma=gamma)
         ids = _hf_ids(gemma, prompt)
@@ -92,9 +92,9 @@ class DraftRecorder:
         pass
 
 
-@pytest.mark.parametrize("prompt,steps,seed", [(PROMPTS[0], None, 0), (PROMPTS[1], 12, 5)])
-def test_diffusion_gemma_equals_generate_and_animates_the_streamer_drafts(gemma, prompt, steps, seed):
-    n = 16  # two canvases of 8
+@pytest.mark.parametrize("prompt,n,steps,seed", [(PROMPTS[0], 8, None, 0), (PROMPTS[1], 16, 12, 5)])
+def test_diffusion_gemma_equals_generate_and_animates_the_streamer_drafts(gemma, prompt, n, steps, seed):
+    """One canvas at the model's default 48 steps, and two canvases of 6 steps (one reaches the EOS)."""
     trace = explorer.decode("diffusion", gemma, prompt, max_new_tokens=n, steps=steps, seed=seed)
     ids = _hf_ids(gemma, prompt)
     recorder = DraftRecorder()
