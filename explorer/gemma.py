@@ -89,7 +89,9 @@ class AssistantDrafter:
     the verify pass, which it captures with two one-shot hooks armed in ``propose`` (so the speculative
     loop is unchanged). As in transformers, the first step drafts nothing (the prefill is the verify
     pass that produces the first hidden state), the assistant's position id stays at the last token's
-    position while it drafts, and the shared KV is cut to the current length.
+    position while it drafts, and the shared KV is cut to the current length. That cut is transformers'
+    rule, kept for parity: after a rejection the last entry it keeps is the KV of the rejected draft (at the
+    position of the token that replaced it); after a full acceptance there is no entry at that position.
     """
 
     target: nn.Module
