@@ -60,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     lt.add_argument("--url", default=None, help="a running app on a loopback address (default: start one)")
     lt.add_argument("--soak", action="store_true", help="sample resident memory every 10 runs")
     lt.add_argument("--json", action="store_true")
+    ds = sub.add_parser("deploy-space", help="build, check and upload the app as a Hugging Face Space")
+    ds.add_argument("--repo", required=True, help="user/name of the Space (created if missing)")
+    ds.add_argument("--dry-run", action="store_true", help="build and check the bundle only; upload nothing")
+    ds.add_argument("--out", default=None, help="build the bundle in this folder (default: a temporary one)")
+    ds.add_argument("--private", action="store_true")
     b = sub.add_parser("bench", help="run a workload and print p50/p95/p99")
     from explorer import bench
 
@@ -167,6 +172,10 @@ def main(argv: list[str] | None = None) -> int:
             return run_audit_command(args)
         if args.command == "loadtest":
             return run_loadtest(args)
+        if args.command == "deploy-space":
+            from explorer.hosting import deploy_space
+
+            return deploy_space(args.repo, args.dry_run, args.out, args.private)
         from explorer import bench
 
         return bench.run(args)

@@ -9,7 +9,7 @@ from typing import Any
 from explorer.errors import ExplorerError
 
 METHODS = ("autoregressive", "speculative", "diffusion")
-DRAFTERS = ("model", "prompt_lookup", "early_exit")
+DRAFTERS = ("model", "prompt_lookup", "early_exit", "assistant")
 REMASKING = ("low_confidence", "random")
 MAX_PROMPT_CHARS = 20_000
 

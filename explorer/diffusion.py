@@ -20,6 +20,7 @@ import torch
 from explorer.config import DecodeConfig
 from explorer.errors import ExplorerError
 from explorer.events import Event, RefinementStep
+from explorer.gemma import decode_diffusion_gemma, is_diffusion_gemma
 from explorer.models import Models, timed_forward
 from explorer.sampling import make_generator, sanitize_logits, warp_logits
 
@@ -64,6 +65,8 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig) -
     t0 = time.perf_counter()
     if models.diffusion is None:
         raise ExplorerError(f"preset {models.preset.name!r} has no diffusion model")
+    if is_diffusion_gemma(models.diffusion):  # block diffusion with its own sampler (explorer/gemma.py)
+        return (yield from decode_diffusion_gemma(models, prompt_ids, cfg))
     mask_id = models.mask_token_id
     if mask_id is None:
         raise ExplorerError("the diffusion model's tokenizer has no mask token")

@@ -17,6 +17,7 @@ from transformers import DynamicCache
 
 from explorer.config import DecodeConfig
 from explorer.errors import ExplorerError
+from explorer.gemma import is_assistant, make_assistant_drafter
 from explorer.models import Models, check_same_vocabulary, timed_forward
 from explorer.sampling import sample, warp_logits
 
@@ -127,6 +128,8 @@ def shallow_model(target: nn.Module, layers: int) -> nn.Module:
 
 def make_drafter(models: Models, cfg: DecodeConfig):
     eos = models.tokenizer.eos_token_id
+    if cfg.drafter == "assistant" or (cfg.drafter == "model" and is_assistant(models.draft)):
+        return make_assistant_drafter(models)
     if cfg.drafter == "model":
         if models.draft is None:
             raise ExplorerError(f"preset {models.preset.name!r} has no draft model; use drafter "

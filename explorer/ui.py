@@ -25,24 +25,25 @@ import gradio as gr
 import pandas as pd
 
 import explorer
-from explorer import plots, render
+from explorer import hosting, plots, render
 from explorer.api import make_config
 from explorer.config import validate_prompt
 from explorer.errors import ExplorerError
 from explorer.events import Event, Proposal, Trace, Verification
 from explorer.metrics import requests_frame, summarize
-from explorer.models import DEFAULT_PRESET, PRESETS, Models
+from explorer.models import DEFAULT_PRESET, Models
 from explorer.workload import Prompt, parse_prompts
 from explorer.workload import read_prompt_file as read_text_file
 
-try:  # Hugging Face ZeroGPU: ask for a GPU while a decoding handler runs
+try:  # Hugging Face ZeroGPU: ask for a GPU while a decoding handler runs, for as long as its preset needs
     import spaces
 
-    gpu = spaces.GPU
+    def gpu(duration):
+        return spaces.GPU(duration=duration)
 except ImportError:  # anywhere else a no-op
 
-    def gpu(fn):
-        return fn
+    def gpu(duration):
+        return lambda fn: fn
 
 
 METHODS = ("autoregressive", "speculative", "diffusion")
@@ -263,7 +264,7 @@ def initial_frame(methods: tuple[str, ...] = METHODS, settings: Settings = Setti
 N_PLOTS = len(plots.FIGURE_KEYS)
 
 
-@gpu
+@gpu(hosting.run_duration)
 def run_lanes(prompt: str, preset: str, lanes: list[str], max_new_tokens: int, temperature: float, top_p: float,
               seed: int, drafter: str, gamma: int, adaptive_gamma: bool, steps: int, block_length: int,
               remasking: str, threshold: float, history: list[Trace] | None,
@@ -333,7 +334,7 @@ def run_table(done: dict[str, Trace]) -> pd.DataFrame:
     return pd.DataFrame(rows).round(3)
 
 
-@gpu
+@gpu(hosting.measure_duration)
 def measure(source: str, prompt: str, prompt_file: str | None, repeats: int, preset: str, lanes: list[str],
             max_new_tokens: int, temperature: float, top_p: float, seed: int, drafter: str, gamma: int,
             adaptive_gamma: bool, steps: int, block_length: int, remasking: str, threshold: float,
@@ -351,6 +352,10 @@ def measure(source: str, prompt: str, prompt_file: str | None, repeats: int, pre
     if not 1 <= repeats <= MAX_REPEATS or total > MAX_BATCH_DECODES:
         raise gr.Error(f"{total} decodes requested (prompts × lanes × repeats); the limit is {MAX_BATCH_DECODES} "
                        f"and repeats must be 1..{MAX_REPEATS}", print_exception=False)
+    try:
+        hosting.check_measure_workload(total, max_new_tokens)
+    except ExplorerError as exc:
+        raise gr.Error(str(exc), print_exception=False) from None
     batch: list[Trace] = []
     skip = (gr.skip(),) * 6
     for i, (p, r, method) in enumerate((p, r, m) for p in prompts for r in range(repeats) for m in methods):
@@ -485,7 +490,8 @@ def _build_prompt(c: Controls) -> None:
 
 def _build_settings(c: Controls) -> list[Any]:
     """The sidebar: preset, lanes and every decoding control; returns the Settings components."""
-    c.preset = gr.Dropdown(list(PRESETS), value=DEFAULT_PRESET, label="Preset")
+    choices, hidden_note = hosting.preset_choices()  # GPU presets only where CUDA is; random-gemma4 nowhere
+    c.preset = gr.Dropdown(choices, value=DEFAULT_PRESET, label="Preset", info=hidden_note)
     c.lanes = gr.CheckboxGroup(list(METHODS), value=list(METHODS), label="Lanes",
                                info="autoregressive = the reference every speedup is measured against")
     gr.Markdown("**All lanes**")
@@ -494,7 +500,7 @@ def _build_settings(c: Controls) -> list[Any]:
     top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="top-p (1 = off)")
     seed = gr.Number(0, precision=0, label="seed")
     gr.Markdown("**Speculative**")
-    drafter = gr.Radio(["model", "prompt_lookup", "early_exit"], value="model", label="drafter")
+    drafter = gr.Radio(["model", "prompt_lookup", "early_exit", "assistant"], value="model", label="drafter")
     gamma = gr.Slider(1, 16, value=4, step=1, label="γ (drafts per step)")
     adaptive = gr.Checkbox(False, label="adaptive γ (+2 after a full acceptance, −1 after a rejection)")
     gr.Markdown("**Diffusion**")
