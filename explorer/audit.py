@@ -49,7 +49,7 @@ TV_FLOOR = 0.01  # a bug moving the compared outcomes by less than this is not r
 ENUMERATE_MAX = 64  # enumerate the first token's outcomes (p or q support) up to this many
 MIN_EXPECTED = 5.0
 MAX_SAMPLES = 20_000
-MIN_SAMPLES = 100  # the automatic sample count never goes below this
+MIN_SAMPLES = 50  # the automatic sample count never goes below this
 BUGS = {
     "no_residual": "after a rejection, resample from p instead of norm(max(0, p - q))",
     "q_before_warping": "draft drawn from the warped q but verified with softmax of the raw draft logits",

@@ -140,7 +140,7 @@ def run_audit_command(args: argparse.Namespace) -> int:
         for b in result.bugs:
             need = b["samples_needed"] if b["samples_needed"] is not None else "-"
             print(f"  known bug {b['name']}: TV here {b['tv_here']:.3f}, detected with probability {b['power']:.2f}, "
-                  f"samples for 0.9: {need}" + ("" if b["counted"] else " (not counted: TV < 0.01 on the compared tokens)"))
+                  f"samples for 0.9: {need}" + ("" if b["counted"] else " (not counted: TV < 0.01 on these tokens)"))
         for note in result.notes:
             print(f"note: {note}")
         print(result.verdict)
