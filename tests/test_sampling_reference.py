@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 import torch
 from references import np_warp
+from scipy import stats
 
 from explorer.audit import Exact, first_step, joint_two, reference_warp
 from explorer.config import DecodeConfig
 from explorer.sampling import warp_logits
-from explorer.speculative import next_gamma
+from explorer.speculative import next_gamma, verify_drafts
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p", itertools.product([0.0, 0.5, 1.0, 1.7], [None, 1, 3, 7],
@@ -76,3 +77,32 @@ def test_audit_bug_models_match_a_literal_simulation(bug):
         assert np.allclose(exact, p1[:, None] * p2)
     else:
         assert 0.5 * np.abs(exact - p1[:, None] * p2).sum() > 0.05  # the bug moves it
+
+
+@pytest.mark.parametrize("drafted_token", [0, 3])
+def test_verify_drafts_emits_the_target_distribution(drafted_token):
+    """One draft x ~ q, then the rule: the first emitted token ~ p1, and a bonus (after acceptance) ~ p2.
+
+    Counted exactly over the draft (each x weighted by q(x)), sampled over the accept/residual coin."""
+    p = torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.4, 0.3, 0.2, 0.1]])
+    q = torch.tensor([[0.1, 0.2, 0.3, 0.4]])
+    gen = torch.Generator().manual_seed(drafted_token)
+    n = 2000
+    first, bonus = np.zeros(4), np.zeros(4)
+    for _ in range(n):
+        accepted, _, nxt, is_bonus = verify_drafts(p, q, [drafted_token], gen)
+        if accepted:
+            first[drafted_token] += 1
+            bonus[nxt] += 1
+            assert is_bonus
+        else:
+            first[nxt] += 1
+    pq = np.minimum(p[0].numpy(), q[0].numpy())
+    accept = pq[drafted_token] / q[0, drafted_token].item()
+    residual = np.clip(p[0].numpy() - q[0].numpy(), 0, None) / (1 - pq.sum())
+    expected = np.eye(4)[drafted_token] * accept + (1 - accept) * residual
+    assert first[expected == 0].sum() == 0
+    if (expected > 0).sum() > 1:
+        assert stats.chisquare(first[expected > 0], expected[expected > 0] * n).pvalue > 1e-3
+    if bonus.sum():
+        assert stats.chisquare(bonus, p[1].numpy() * bonus.sum()).pvalue > 1e-3
