@@ -25,8 +25,8 @@ import explorer  # noqa: E402
 from explorer import audit  # noqa: E402
 
 CASES = [
-    ("def merge_sorted(left, right):\n", dict(temperature=1.0, top_k=8, gamma=3)),  # the case
     ("import os\n", dict(temperature=1.0, top_k=2, gamma=3)),  # the test's case
+    ("def merge_sorted(left, right):\n", dict(temperature=1.0, top_k=8, gamma=3)),  # the case
     ("class Stack:\n    def", dict(temperature=0.7, top_k=8, gamma=3)),
     ("def parse(line):", dict(temperature=1.0, gamma=3)),  # no top-k: 8192 outcomes, first token only
 ]
