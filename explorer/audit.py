@@ -44,7 +44,7 @@ from explorer.drafters import make_drafter
 from explorer.models import Models
 from explorer.sampling import make_generator
 
-POWER = 0.9
+POWER = 0.99  # a PASS means each known bug would have been caught 99 times in 100
 TV_FLOOR = 0.01  # a bug moving the compared outcomes by less than this is not required to be detectable
 ENUMERATE_MAX = 64  # enumerate the first token's outcomes (p or q support) up to this many
 MIN_EXPECTED = 5.0
