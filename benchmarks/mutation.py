@@ -87,7 +87,7 @@ MUTANTS = [
      "return float(np.max(arr) if q == 99 else np.percentile(arr, q)) if arr.size", ["tests/test_bench.py"]),
     ("no_escape_token", "token characters not HTML-escaped", "explorer/render.py",
      "out.append(html.escape(ch))", "out.append(ch)", ["tests/test_render.py"]),
-    ("no_escape_words", "prompt words not HTML-escaped", "explorer/render.py",
+    ("no_escape_words", "legend words (constants in MARKS) not HTML-escaped", "explorer/render.py",
      'f"{html.escape(words)}</span>")', 'f"{words}</span>")', ["tests/test_render.py"]),
     # the audit itself
     ("audit_ignores_power", "audit says PASS when it could not have detected the bugs", "explorer/audit.py",
