@@ -1,41 +1,258 @@
-"""Losslessness audit: does speculative sampling reproduce the target's distribution?
+"""Losslessness audit: does speculative sampling reproduce the target's distribution, and could we tell?
 
-Samples the same prompt many times with the autoregressive and the speculative decoder
-(different seeds) and compares the distributions of the first ``k`` new tokens: total
-variation distance with a bootstrap confidence interval, and a two-sample chi-square test of
-homogeneity. The first token is also compared with the exact target distribution.
+Samples one prompt many times with the autoregressive and the speculative decoder (different seeds).
+
+* **Exact tests (one-sample chi-square goodness of fit).** The first new token's distribution is
+  computed exactly: the target's logits warped by a plain numpy softmax(logits / T) restricted to the
+  top k / top p (``reference_warp``, independent of ``sampling.warp_logits``). When the first token
+  can be enumerated (at most ``ENUMERATE_MAX`` tokens in the support of p or q), the exact joint of
+  the first two tokens is tested too. The speculative samples are tested against them, and the
+  autoregressive samples as a control of the reference itself.
+* **Two-sample test** of the full compared prefix (AR against speculative), over well-filled cells.
+* **Cell rule** (every chi-square here): an outcome is its own cell when its expected count is >= 5
+  (two-sample: when both samples together hold >= 10); the rest is pooled into one cell, and that cell,
+  if its expected count is < 5, is merged into the smallest kept cell. An outcome the target cannot
+  produce (probability 0) that is sampled fails the test outright (p = 0).
+* **Power.** The known bugs are computed exactly here, from p and q at the first position (and at the
+  second when the first step drafts one token): no residual (resample from p after a rejection); q
+  taken before warping (drawn from the warped q, verified with softmax of the raw draft logits); the
+  bonus token drawn from the draft (its last row) instead of the target. Dropping the bonus does not
+  change the distribution (the next step samples the same p), so it is no distribution bug. For each
+  bug: its TV from the exact distribution, the probability the tests detect it at this sample size
+  (non-central chi-square), and the samples needed for ``POWER``. The smallest TV detected with
+  probability ``POWER`` whatever its shape is sqrt(lambda* / n) / 2 (chi-square w >= 2 TV).
+* **Verdict.** FAIL when a test rejects at alpha / m (Bonferroni over the m tests); otherwise PASS only
+  if every known bug that moves the compared outcomes by TV >= ``TV_FLOOR`` would have been detected
+  with probability >= ``POWER``; otherwise INCONCLUSIVE with the sample count that would suffice.
+  ``until_detectable`` raises the sample count to that number (up to ``max_samples``) before sampling,
+  so the sample size never depends on the data.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from scipy import optimize
 from scipy import stats as sps
 
-from explorer.api import decode, encode_prompt
+from explorer.api import decode, encode_prompt, make_config
+from explorer.drafters import make_drafter
 from explorer.models import Models
-from explorer.sampling import warp_logits
+from explorer.sampling import make_generator
+
+POWER = 0.99  # a PASS means each known bug would have been caught 99 times in 100
+TV_FLOOR = 0.01  # a bug moving the compared outcomes by less than this is not required to be detectable
+ENUMERATE_MAX = 64  # enumerate the first token's outcomes (p or q support) up to this many
+MIN_EXPECTED = 5.0
+MAX_SAMPLES = 20_000
+MIN_SAMPLES = 50  # the automatic sample count never goes below this
+BUGS = {
+    "no_residual": "after a rejection, resample from p instead of norm(max(0, p - q))",
+    "q_before_warping": "draft drawn from the warped q but verified with softmax of the raw draft logits",
+    "bonus_from_draft": "bonus token drawn from the draft's last distribution instead of the target's",
+}
 
 
 @dataclass
 class AuditResult:
     samples: int
     prefix_tokens: int
-    tv_distance: float
-    tv_ci95: tuple[float, float]
-    tv_null_range: tuple[float, float]  # 95% range of TV between same-size samples of one distribution
-    chi2_p_value: float
-    permutation_p_value: float
-    first_token_tv_exact_ar: float
+    status: str  # PASS | FAIL | INCONCLUSIVE
+    verdict: str
+    tests: list[dict]  # name, p_value, cells, alpha (each at alpha / m)
+    bugs: list[dict]  # name, description, tv_here, power, samples_needed, counted
+    min_detectable_tv: float  # smallest TV (first token, any shape) detected with probability POWER
+    samples_needed: int | None  # for every counted bug to be detectable (None: not reachable by MAX_SAMPLES)
+    exact_first_p_value: float
+    exact_joint_p_value: float | None  # None: the first token's outcomes were too many to enumerate
     first_token_tv_exact_spec: float
     acceptance_rate: float
-    verdict: str
+    notes: list[str] = field(default_factory=list)
+    # the autoregressive control (None when not sampled: the exact tests cover every compared token)
+    chi2_p_value: float | None = None  # two-sample, well-filled cells
+    tv_distance: float | None = None
+    tv_ci95: tuple[float, float] | None = None
+    tv_null_range: tuple[float, float] | None = None  # 95% range of TV between same-size samples of one law
+    permutation_p_value: float | None = None
+    first_token_tv_exact_ar: float | None = None
 
     def as_dict(self) -> dict:
         return self.__dict__.copy()
+
+
+# ------------------------------------------------------------------------------ exact distributions
+
+def reference_warp(logits: np.ndarray, temperature: float, top_k: int | None = None,
+                   top_p: float | None = None) -> np.ndarray:
+    """softmax(logits / T) restricted to the top k, then to the smallest top-p set; T = 0: argmax one-hot."""
+    z = np.nan_to_num(np.asarray(logits, dtype=np.float64), nan=-np.inf)
+    if temperature == 0:
+        return np.eye(len(z))[int(np.argmax(z))]
+    z = z / temperature
+    if top_k is not None and top_k < len(z):
+        z = np.where(z >= np.sort(z)[-top_k], z, -np.inf)
+    probs = np.exp(z - z.max())
+    probs /= probs.sum()
+    if top_p is not None and top_p < 1:
+        order = np.argsort(-probs, kind="stable")
+        before = np.cumsum(probs[order]) - probs[order]  # mass of the tokens ranked above
+        keep = np.zeros(len(z), bool)
+        keep[order[before < top_p]] = True
+        probs = np.where(keep, probs, 0.0)
+        probs /= probs.sum()
+    return probs
+
+
+@dataclass
+class Exact:
+    p1: np.ndarray  # (V,) target, first new token
+    q1: np.ndarray  # (V,) warped draft, first draft position (zeros when the drafter proposed nothing)
+    q1_raw: np.ndarray  # (V,) draft before warping
+    first: np.ndarray | None  # (S,) token ids enumerated at position 1
+    p2: np.ndarray | None  # (S, V) target at position 2 after each enumerated first token
+    eos: int | None = None  # a first token equal to EOS ends the output: its row is one-hot on EOS
+
+
+def exact_distributions(models: Models, prompt: str, cfg) -> Exact:
+    ids, _ = encode_prompt(models.tokenizer, prompt, models.preset.chat)
+
+    def target_rows(seqs: list[list[int]]) -> np.ndarray:
+        with torch.inference_mode():
+            logits = models.target(input_ids=torch.tensor(seqs, device=models.device)).logits[:, -1]
+        return np.stack([reference_warp(row, cfg.temperature, cfg.top_k, cfg.top_p)
+                         for row in logits.double().cpu().numpy()])
+
+    p1 = target_rows([ids])[0]
+    q1, q1_raw = np.zeros_like(p1), np.zeros_like(p1)
+    drafter = make_drafter(models, cfg)
+    if hasattr(drafter, "model"):  # a draft model (or the target's early exit): its own logits, warped here
+        with torch.inference_mode():
+            logits = drafter.model(input_ids=torch.tensor([ids], device=models.device)).logits[0, -1]
+        logits = logits.double().cpu().numpy()
+        q1[:], q1_raw[:] = reference_warp(logits, cfg.temperature, cfg.top_k, cfg.top_p), reference_warp(logits, 1.0)
+    else:  # a deterministic drafter (prompt lookup): q is one-hot on its proposal, warped or not
+        draft = drafter.propose(list(ids), 1, cfg, make_generator(0))
+        if draft.tokens:
+            q1[draft.tokens[0]] = q1_raw[draft.tokens[0]] = 1.0
+    support = np.flatnonzero((p1 > 0) | (q1 > 0))
+    if len(support) > ENUMERATE_MAX:
+        return Exact(p1, q1, q1_raw, None, None)
+    p2 = np.concatenate([target_rows([ids + [int(x)] for x in support[i:i + 16]])
+                         for i in range(0, len(support), 16)])
+    eos = models.tokenizer.eos_token_id
+    for i, x in enumerate(support):
+        if x == eos:
+            p2[i] = np.eye(len(p1))[eos]
+    return Exact(p1, q1, q1_raw, support, p2, eos)
+
+
+def _residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    r = np.clip(p - q, 0, None)
+    return r / r.sum() if r.sum() > 0 else p
+
+
+def _accept(p: np.ndarray, q_verify: np.ndarray) -> np.ndarray:
+    """min(1, p/q) per token; q = 0 accepts what p allows."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(q_verify > 0, np.minimum(1.0, p / q_verify), (p > 0).astype(float))
+
+
+def first_step(e: Exact, bug: str | None) -> tuple[np.ndarray, np.ndarray]:
+    """(distribution of the first emitted token, probability of 'drafted x and it was accepted' per x)."""
+    if not e.q1.any():  # nothing drafted: the first token is drawn from p
+        return e.p1, np.zeros_like(e.p1)
+    q_verify = e.q1_raw if bug == "q_before_warping" else e.q1
+    accepted = e.q1 * _accept(e.p1, q_verify)
+    residual = e.p1 if bug == "no_residual" else _residual(e.p1, q_verify)
+    return accepted + (1 - accepted.sum()) * residual, accepted
+
+
+def joint_two(e: Exact, bug: str | None) -> np.ndarray:
+    """(S, V) distribution of the first two tokens when the first step drafts exactly one token."""
+    first, accepted = first_step(e, bug)
+    f, a = first[e.first], accepted[e.first]
+    if bug == "bonus_from_draft":
+        joint = a[:, None] * e.q1[None, :] + (f - a)[:, None] * e.p2
+        ends = e.first == e.eos  # an accepted EOS ends the output: no bonus
+        joint[ends] = f[ends, None] * e.p2[ends]
+        return joint
+    return f[:, None] * e.p2
+
+
+# ------------------------------------------------------------------------------ tests and power
+
+def cells(probs: np.ndarray, n: int) -> tuple[np.ndarray, int]:
+    """Cell id per outcome by the module's rule (-1: impossible outcome) and the number of cells."""
+    cell = np.full(probs.shape, -1, dtype=np.int64)
+    keep = probs * n >= MIN_EXPECTED
+    k = int(keep.sum())
+    cell[keep] = np.arange(k)
+    rest = (probs > 0) & ~keep
+    if rest.any():
+        if probs[rest].sum() * n >= MIN_EXPECTED or k == 0:
+            cell[rest], k = k, k + 1
+        else:
+            kept = np.flatnonzero(keep)
+            cell[rest] = cell[kept[np.argmin(probs[kept])]]
+    return cell, k
+
+
+def gof_p_value(probs: np.ndarray, outcomes: np.ndarray) -> tuple[float, int]:
+    """One-sample chi-square of observed outcome indices against exact probabilities."""
+    n = len(outcomes)
+    cell, k = cells(probs, n)
+    if (cell[outcomes] < 0).any():
+        return 0.0, k  # sampled something the target cannot produce
+    if k < 2:
+        return 1.0, k
+    observed = np.bincount(cell[outcomes], minlength=k)
+    expected = np.bincount(cell[cell >= 0], probs[cell >= 0], minlength=k) * n
+    return float(sps.chisquare(observed, expected).pvalue), k
+
+
+def detection_power(null: np.ndarray, alt: np.ndarray, n: int, alpha: float) -> float:
+    """Probability the goodness-of-fit test at level alpha rejects when samples come from ``alt``."""
+    cell, k = cells(null, n)
+    outside = float(alt[cell < 0].sum())
+    chi_power = 0.0
+    if k >= 2:
+        pc = np.bincount(cell[cell >= 0], null[cell >= 0], minlength=k)
+        rc = np.bincount(cell[cell >= 0], alt[cell >= 0], minlength=k)
+        lam = n * float(((rc - pc) ** 2 / pc).sum())
+        chi_power = float(sps.ncx2.sf(sps.chi2.isf(alpha, k - 1), k - 1, lam)) if lam > 0 else alpha
+    return 1 - (1 - chi_power) * (1 - outside) ** n
+
+
+def samples_needed(null: np.ndarray, alt: np.ndarray, alpha: float) -> int | None:
+    """Smallest n (to 5%) at which the test detects ``alt`` with probability POWER; None beyond MAX_SAMPLES."""
+    hi = 16
+    while detection_power(null, alt, hi, alpha) < POWER:
+        hi *= 2
+        if hi > 8 * MAX_SAMPLES:
+            return None
+    lo = hi // 2
+    while hi - lo > max(1, lo // 20):
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if detection_power(null, alt, mid, alpha) >= POWER else (mid, hi)
+    return hi
+
+
+def min_detectable_tv(null: np.ndarray, n: int, alpha: float) -> float:
+    """TV above which any alternative is detected with probability POWER (w = sqrt(lambda/n) >= 2 TV)."""
+    _, k = cells(null, n)
+    if k < 2:
+        return float("nan")
+    crit = sps.chi2.isf(alpha, k - 1)
+    lam = optimize.brentq(lambda x: sps.ncx2.sf(crit, k - 1, x) - POWER, 1e-9, 1e6)
+    return min(1.0, math.sqrt(lam / n) / 2)
+
+
+def tv(a: np.ndarray, b: np.ndarray) -> float:
+    return 0.5 * float(np.abs(a - b).sum())
 
 
 def total_variation(a: Counter, b: Counter) -> float:
@@ -44,17 +261,15 @@ def total_variation(a: Counter, b: Counter) -> float:
 
 
 def chi2_homogeneity(a: Counter, b: Counter) -> float:
-    """p-value of the two-sample chi-square test; rare outcomes pooled so expected counts are >= 5."""
+    """Two-sample chi-square over well-filled cells (both samples together >= 10), the rest pooled."""
     keys = sorted(set(a) | set(b), key=lambda k: -(a[k] + b[k]))
-    table, other = [], [0, 0]
-    for k in keys:
-        if a[k] + b[k] >= 10:
-            table.append([a[k], b[k]])
-        else:
-            other[0] += a[k]
-            other[1] += b[k]
-    if sum(other):
+    table = [[a[k], b[k]] for k in keys if a[k] + b[k] >= 2 * MIN_EXPECTED]
+    other = [sum(a[k] for k in keys if a[k] + b[k] < 2 * MIN_EXPECTED),
+             sum(b[k] for k in keys if a[k] + b[k] < 2 * MIN_EXPECTED)]
+    if sum(other) >= 2 * MIN_EXPECTED or (sum(other) and not table):
         table.append(other)
+    elif sum(other):
+        table[-1] = [table[-1][0] + other[0], table[-1][1] + other[1]]  # the smallest kept cell
     if len(table) < 2:
         return 1.0
     return float(sps.chi2_contingency(np.array(table)).pvalue)
@@ -81,51 +296,175 @@ def permutation_null(xs: list, ys: list, rounds: int = 300, seed: int = 1) -> np
     return np.array(out)
 
 
-def exact_first_token(models: Models, prompt: str, temperature: float, top_k: int | None,
-                      top_p: float | None) -> torch.Tensor:
-    ids, _ = encode_prompt(models.tokenizer, prompt, models.preset.chat)
-    with torch.inference_mode():
-        logits = models.target(input_ids=torch.tensor([ids], device=models.device)).logits[0, -1]
-    return warp_logits(logits, temperature, top_k, top_p).cpu()
+# ------------------------------------------------------------------------------ the audit
+
+@dataclass
+class _Plan:
+    """What the exact tests and the bug alternatives are, before any sample is drawn."""
+
+    exact: Exact
+    joint: bool  # the exact joint of two tokens is tested
+    bug_joint: bool  # the bug alternatives at position 2 are known (the first step drafts one token)
+    control: bool  # also sample the autoregressive decoder (control + two-sample test)
+
+    @property
+    def m(self) -> int:
+        """Number of tests (Bonferroni): exact first token, exact joint, AR control, two-sample."""
+        return 1 + self.joint + 2 * self.control
+
+    def nulls(self) -> list[tuple[str, np.ndarray]]:
+        out = [("first token", self.exact.p1)]
+        if self.joint:
+            out.append(("first two tokens", joint_two(self.exact, None).ravel()))
+        return out
+
+    def alternatives(self, bug: str) -> list[np.ndarray]:
+        out = [first_step(self.exact, bug)[0]]
+        if self.joint:
+            out.append(joint_two(self.exact, bug).ravel() if self.bug_joint else None)
+        return out
 
 
-def run_audit(models: Models, prompt: str, samples: int = 1000, prefix_tokens: int = 2, temperature: float = 1.0,
-              top_k: int | None = None, top_p: float | None = None, seed: int = 0, alpha: float = 0.01,
-              progress=None, **options) -> AuditResult:
+def _bug_table(plan: _Plan, n: int, alpha: float) -> list[dict]:
+    rows = []
+    for name, description in BUGS.items():
+        powers, needed, tvs = [], [], []
+        for (_, null), alt in zip(plan.nulls(), plan.alternatives(name), strict=True):
+            if alt is None:
+                continue
+            tvs.append(tv(null, alt))
+            powers.append(detection_power(null, alt, n, alpha / plan.m))
+            needed.append(samples_needed(null, alt, alpha / plan.m) if tvs[-1] >= TV_FLOOR else None)
+        reachable = [x for x in needed if x is not None]
+        rows.append({"name": name, "description": description, "tv_here": max(tvs), "power": max(powers),
+                     "samples_needed": min(reachable) if reachable else None, "counted": max(tvs) >= TV_FLOOR})
+    return rows
+
+
+def plan_audit(models: Models, prompt: str, prefix_tokens: int, control: bool | None = None, **options) -> _Plan:
+    """Exact distributions and bug alternatives; the AR control is sampled when asked, or when the exact
+    tests do not cover every compared token."""
+    cfg = make_config("speculative", models, dict(options))
+    exact = exact_distributions(models, prompt, cfg)
+    joint = prefix_tokens >= 2 and exact.first is not None
+    decoded = max(2, prefix_tokens)
+    bug_joint = joint and min(cfg.gamma, decoded - 1) == 1
+    covered = prefix_tokens == 1 or (prefix_tokens == 2 and joint)
+    return _Plan(exact, joint, bug_joint, control=(not covered) if control is None else control)
+
+
+def samples_for_detection(plan: _Plan, alpha: float = 0.01) -> int | None:
+    """Samples at which every known bug that matters here is detected with probability POWER (None: beyond
+    MAX_SAMPLES)."""
+    needed = [b["samples_needed"] for b in _bug_table(plan, MIN_SAMPLES, alpha) if b["counted"]]
+    return None if None in needed else max(needed, default=MIN_SAMPLES)
+
+
+def run_audit(models: Models, prompt: str, samples: int | None = None, prefix_tokens: int = 2,
+              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None, seed: int = 0,
+              alpha: float = 0.01, until_detectable: bool = False, max_samples: int = MAX_SAMPLES,
+              control: bool | None = None, progress=None, **options) -> AuditResult:
+    """``samples=None`` (the default): as many as make every known bug detectable here (at least
+    MIN_SAMPLES, at most ``max_samples``); ``until_detectable`` raises a given count to that number."""
+    options.update(temperature=temperature, top_k=top_k, top_p=top_p)
+    plan = plan_audit(models, prompt, prefix_tokens, control, **options)
+    notes = []
+    if samples is None or until_detectable:
+        needed = samples_for_detection(plan, alpha)
+        target = max(samples or MIN_SAMPLES, needed if needed is not None else max_samples + 1)
+        if target > max_samples:
+            notes.append(f"detecting every known bug needs {needed or f'over {MAX_SAMPLES}'} samples; "
+                         f"capped at {max_samples}")
+        samples = min(target, max_samples)
+    decoded = max(2, prefix_tokens)  # at least two, so the first step drafts and verifies a token
     ar, spec, accepted, proposed = [], [], 0, 0
     for i in range(samples):
-        kw = dict(max_new_tokens=prefix_tokens, temperature=temperature, top_k=top_k, top_p=top_p, **options)
-        a = decode("autoregressive", models, prompt, seed=seed + 2 * i, **kw)
-        s = decode("speculative", models, prompt, seed=seed + 2 * i + 1, **kw)
-        ar.append(tuple(a.token_ids))
-        spec.append(tuple(s.token_ids))
+        if plan.control:
+            a = decode("autoregressive", models, prompt, max_new_tokens=decoded, seed=seed + 2 * i, **options)
+            ar.append(tuple(a.token_ids[:prefix_tokens]))
+        s = decode("speculative", models, prompt, max_new_tokens=decoded, seed=seed + 2 * i + 1, **options)
+        spec.append(tuple(s.token_ids[:prefix_tokens]))
         accepted += s.stats["accepted"]
         proposed += s.stats["proposed"]
         if progress:
             progress(i + 1, samples)
+    return _judge(plan, ar, spec, samples, prefix_tokens, alpha, accepted / proposed if proposed else float("nan"),
+                  notes)
+
+
+def _outcomes(seqs: list[tuple], e: Exact, two: bool) -> np.ndarray:
+    """Sampled prefixes as indices into the exact distribution (first token, or (S, V) flattened)."""
+    vocab = len(e.p1)
+    if not two:
+        return np.array([s[0] for s in seqs])
+    where = {int(x): i for i, x in enumerate(e.first)}
+    # a first token outside the enumerated support cannot be produced: map it to a zero-probability cell
+    return np.array([where[s[0]] * vocab + s[min(1, len(s) - 1)] if s[0] in where else -1 for s in seqs])
+
+
+def _judge(plan: _Plan, ar: list[tuple], spec: list[tuple], n: int, prefix_tokens: int, alpha: float,
+           acceptance: float, notes: list[str]) -> AuditResult:
+    e, level = plan.exact, alpha / plan.m
+    tests = []
+    exact_p = {}
+    for label, null in plan.nulls():
+        two = label != "first token"
+        for who, seqs in (("speculative", spec), ("autoregressive (control)", ar)):
+            if who != "speculative" and (two or not plan.control):
+                continue
+            idx = _outcomes(seqs, e, two)
+            p_value, k = (0.0, 0) if (idx < 0).any() else gof_p_value(null, idx)
+            tests.append({"name": f"{who} {label} vs exact", "p_value": p_value, "cells": k, "alpha": level})
+            if who == "speculative":
+                exact_p[label] = p_value
     ca, cs = Counter(ar), Counter(spec)
-    tv = total_variation(ca, cs)
-    p_value = chi2_homogeneity(ca, cs)
-    exact = exact_first_token(models, prompt, temperature, top_k, top_p).double()
-    first_tv = [0.5 * float((exact - _empirical([x[0] for x in xs], exact.shape[0])).abs().sum()) for xs in (ar, spec)]
-    null = permutation_null(ar, spec)
-    null_range = (float(np.percentile(null, 2.5)), float(np.percentile(null, 97.5)))
-    perm_p = float((1 + (null >= tv).sum()) / (1 + len(null)))
-    same = p_value >= alpha and perm_p >= alpha
-    verdict = (f"PASS: no evidence that speculative sampling changes the distribution (chi-square p = {p_value:.3f}, "
-               f"permutation p = {perm_p:.3f}, both >= {alpha}; TV {tv:.3f} lies where identical distributions put it "
-               f"at this sample size, {null_range[0]:.3f}-{null_range[1]:.3f})."
-               if same else
-               f"FAIL: the two distributions differ (chi-square p = {p_value:.2g}, permutation p = {perm_p:.2g}; "
-               f"TV {tv:.3f}, identical distributions give {null_range[0]:.3f}-{null_range[1]:.3f}). "
-               "Speculative sampling is not lossless here.")
-    return AuditResult(samples, prefix_tokens, tv, bootstrap_tv(ar, spec), null_range, p_value, perm_p, first_tv[0],
-                       first_tv[1], accepted / proposed if proposed else float("nan"), verdict)
-
-
-def _empirical(tokens: list[int], vocab: int) -> torch.Tensor:
-    counts = torch.bincount(torch.tensor(tokens), minlength=vocab).double()
-    return counts / counts.sum()
+    chi2_p = chi2_homogeneity(ca, cs) if plan.control else None
+    if plan.control:
+        tests.append({"name": f"two-sample AR vs speculative, first {prefix_tokens} tokens", "p_value": chi2_p,
+                      "cells": None, "alpha": level})
+    bugs = _bug_table(plan, n, alpha)
+    counted = [b for b in bugs if b["counted"]]
+    needed = [b["samples_needed"] for b in counted]
+    need = None if None in needed else max(needed, default=n)
+    mdt = min_detectable_tv(e.p1, n, level)
+    failed = [t for t in tests if t["p_value"] < level]
+    weak = [b for b in counted if b["power"] < POWER]
+    bug_text = "; ".join(f"{b['name']} TV {b['tv_here']:.3f} (power {b['power']:.2f})" for b in counted)
+    blind = [b["name"] for b in bugs if not b["counted"]]
+    blind_text = f" Not counted (TV < {TV_FLOOR} on the compared tokens here): {', '.join(blind)}." if blind else ""
+    if failed:
+        status = "FAIL"
+        verdict = ("FAIL: the sampled distribution differs from the target's: " + "; ".join(
+            f"{t['name']} p = {t['p_value']:.2g}" for t in failed) + f" (each test at {level:.2g}). "
+            "Speculative sampling is not lossless here.")
+    elif weak:
+        status = "INCONCLUSIVE"
+        more = f"about {need} samples would suffice" if need else f"more than {MAX_SAMPLES} samples would be needed"
+        missed = "; ".join(f"{b['name']} TV {b['tv_here']:.3f} detected with probability {b['power']:.2f}"
+                           for b in weak)
+        verdict = (f"INCONCLUSIVE: no test rejects, but at {n} samples the audit could miss known bugs: {missed}; "
+                   f"{more} (power {POWER}).{blind_text}")
+    else:
+        status = "PASS"
+        lowest = min(t["p_value"] for t in tests)
+        verdict = (f"PASS: no test rejects at {level:.2g} (lowest p = {lowest:.3f}), and each known bug would have "
+                   f"been detected with probability >= {POWER}: {bug_text or 'none moves the output here'}. "
+                   f"Any change of the first token by TV >= {mdt:.3f} would be too.{blind_text}")
+    spec_first = np.bincount([s[0] for s in spec], minlength=len(e.p1)) / len(spec)
+    two_sample = {}
+    if plan.control:
+        null = permutation_null(ar, spec)
+        tv_ar_spec = total_variation(ca, cs)
+        ar_first = np.bincount([s[0] for s in ar], minlength=len(e.p1)) / len(ar)
+        two_sample = dict(tv_distance=tv_ar_spec, tv_ci95=bootstrap_tv(ar, spec),
+                          tv_null_range=(float(np.percentile(null, 2.5)), float(np.percentile(null, 97.5))),
+                          permutation_p_value=float((1 + (null >= tv_ar_spec).sum()) / (1 + len(null))),
+                          first_token_tv_exact_ar=tv(e.p1, ar_first))
+    return AuditResult(
+        samples=n, prefix_tokens=prefix_tokens, status=status, verdict=verdict, tests=tests, bugs=bugs,
+        min_detectable_tv=mdt, samples_needed=need, chi2_p_value=chi2_p, exact_first_p_value=exact_p["first token"],
+        exact_joint_p_value=exact_p.get("first two tokens"), first_token_tv_exact_spec=tv(e.p1, spec_first),
+        acceptance_rate=acceptance, notes=notes, **two_sample)
 
 
 def _codes(values: list, universe: list) -> np.ndarray:

@@ -49,9 +49,16 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--events", action="store_true", help="with --json: include every event")
     a = sub.add_parser("audit", help="check that speculative sampling preserves the target distribution")
     _add_common(a)
-    a.add_argument("--samples", type=int, default=1000)
+    a.add_argument("--samples", type=int, default=None,
+                   help="samples of the speculative decoder (default: as many as make the known bugs detectable)")
+    a.add_argument("--until-detectable", action="store_true",
+                   help="raise --samples to the count at which the known bugs are detectable (up to --max-samples)")
+    a.add_argument("--max-samples", type=int, default=20_000)
+    a.add_argument("--control", action="store_true", default=None,
+                   help="also sample the autoregressive decoder (always done when the exact tests do not cover "
+                        "every compared token)")
     a.add_argument("--prefix-tokens", type=int, default=2)
-    a.add_argument("--json", action="store_true")
+    a.add_argument("--json", action="store_true", help="print one JSON object; exit 0 PASS, 1 FAIL, 3 INCONCLUSIVE")
     lt = sub.add_parser("loadtest", help="drive the app with concurrent sessions on loopback; --soak for memory")
     lt.add_argument("--preset", default=DEFAULT_PRESET)
     lt.add_argument("--clients", type=int, default=8)
@@ -106,10 +113,12 @@ def run_decode(args: argparse.Namespace) -> int:
 
 def run_audit_command(args: argparse.Namespace) -> int:
     import explorer
-    from explorer.audit import run_audit
+    from explorer.audit import POWER, run_audit
 
-    if args.samples < 10:
+    if args.samples is not None and args.samples < 10:
         raise ExplorerError("--samples must be at least 10")
+    if not 10 <= args.max_samples <= 1_000_000:
+        raise ExplorerError("--max-samples must be between 10 and 1000000")
     if not 1 <= args.prefix_tokens <= 4:
         raise ExplorerError("--prefix-tokens must be between 1 and 4")
     options = _options(args, ["temperature", "top_k", "top_p", "seed", "gamma", "drafter", "early_exit_layers"])
@@ -119,23 +128,34 @@ def run_audit_command(args: argparse.Namespace) -> int:
     validate("speculative", DecodeConfig(**options))
     validate_prompt(args.prompt)
     models = explorer.load_models(args.preset, device=args.device, dtype=args.dtype)
-    result = run_audit(models, args.prompt, samples=args.samples, prefix_tokens=args.prefix_tokens, **options)
+    result = run_audit(models, args.prompt, samples=args.samples, prefix_tokens=args.prefix_tokens,
+                       until_detectable=args.until_detectable, max_samples=args.max_samples, control=args.control,
+                       progress=_progress, **options)
     if args.json:
         print(json.dumps(result.as_dict(), default=_json_default))
     else:
-        lo, hi = result.tv_ci95
-        print(f"samples per decoder: {result.samples}, compared: first {result.prefix_tokens} new tokens")
-        nlo, nhi = result.tv_null_range
-        print(f"total variation (AR vs speculative): {result.tv_distance:.4f}, 95% bootstrap CI [{lo:.4f}, {hi:.4f}]")
-        print(f"  if both sampled one distribution, TV at these sample sizes would be in [{nlo:.4f}, {nhi:.4f}] "
-              "(permutation)")
-        print(f"first token vs the exact target distribution: TV AR {result.first_token_tv_exact_ar:.4f}, "
-              f"speculative {result.first_token_tv_exact_spec:.4f}")
-        print(f"chi-square two-sample p-value: {result.chi2_p_value:.4f}; permutation p-value (TV): "
-              f"{result.permutation_p_value:.4f}; "
+        print(f"samples: {result.samples}, compared: first {result.prefix_tokens} new tokens; "
               f"draft acceptance {result.acceptance_rate:.3f}")
+        for t in result.tests:
+            print(f"  {t['name']}: p = {t['p_value']:.4g} (rejects below {t['alpha']:.2g})")
+        print(f"first token vs the exact target distribution: TV speculative {result.first_token_tv_exact_spec:.4f}"
+              + ("" if result.first_token_tv_exact_ar is None else f", AR {result.first_token_tv_exact_ar:.4f}"))
+        print(f"smallest first-token TV detected with probability {POWER} at {result.samples} samples: "
+              f"{result.min_detectable_tv:.3f}")
+        for b in result.bugs:
+            need = b["samples_needed"] if b["samples_needed"] is not None else "-"
+            print(f"  known bug {b['name']}: TV here {b['tv_here']:.3f}, detected with probability {b['power']:.2f}, "
+                  f"samples for {POWER}: {need}" + ("" if b["counted"] else " (not counted: TV < 0.01 here)"))
+        for note in result.notes:
+            print(f"note: {note}")
         print(result.verdict)
-    return 0
+    return {"PASS": 0, "FAIL": 1}.get(result.status, 3)
+
+
+def _progress(done: int, total: int) -> None:
+    """Progress on stderr, about every 10%."""
+    if done == total or done % max(1, total // 10) == 0:
+        print(f"audit: {done}/{total} samples", file=sys.stderr, flush=True)
 
 
 def run_loadtest(args: argparse.Namespace) -> int:

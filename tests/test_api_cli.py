@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -40,40 +41,46 @@ def test_stream_yields_events_then_returns_the_trace(random_models):
     assert stop.value.value.events == events
 
 
-BAD_API = [
-    ("autoregressive", "", {}),
-    ("autoregressive", "   \n", {}),
-    ("autoregressive", "x" * 1_000_000, {}),
-    ("autoregressive", "abc\x00def", {}),
-    ("autoregressive", "bell\x07", {}),
-    ("autoregressive", b"\xff\xfe binary", {}),
-    ("autoregressive", "lone \udc80 surrogate", {}),
-    ("autoregressive", 12345, {}),
-    ("teleport", "abc", {}),
-    ("autoregressive", "abc", {"max_new_tokens": 0}),
-    ("autoregressive", "abc", {"max_new_tokens": -3}),
-    ("autoregressive", "abc", {"max_new_tokens": 100_000}),
-    ("speculative", "abc", {"gamma": 0}),
-    ("speculative", "abc", {"gamma": 1000}),
-    ("speculative", "abc", {"drafter": "oracle"}),
-    ("autoregressive", "abc", {"temperature": -1.0}),
-    ("autoregressive", "abc", {"temperature": float("nan")}),
-    ("autoregressive", "abc", {"temperature": float("inf")}),
-    ("autoregressive", "abc", {"top_p": 0.0}),
-    ("autoregressive", "abc", {"top_p": 1.5}),
-    ("diffusion", "abc", {"max_new_tokens": 16, "steps": 0}),
-    ("diffusion", "abc", {"max_new_tokens": 16, "steps": 5, "block_length": 8}),
-    ("diffusion", "abc", {"max_new_tokens": 16, "block_length": 32}),
-    ("diffusion", "abc", {"max_new_tokens": 16, "threshold": 0.0}),
-    ("diffusion", "abc", {"max_new_tokens": 16, "threshold": 1.5}),
-    ("diffusion", "abc", {"max_new_tokens": 16, "remasking": "sometimes"}),
-    ("autoregressive", "abc", {"beam_width": 3}),
+BAD_API = [  # (method, prompt, options, the message that names the check)
+    ("autoregressive", "", {}, "the prompt is empty"),
+    ("autoregressive", "   \n", {}, "the prompt is empty"),
+    ("autoregressive", "x" * 1_000_000, {}, "the prompt is too long"),
+    ("autoregressive", "abc\x00def", {}, r"control character \(U\+0000\)"),
+    ("autoregressive", "bell\x07", {}, r"control character \(U\+0007\)"),
+    ("autoregressive", b"\xff\xfe binary", {}, "not valid UTF-8 text$"),
+    ("autoregressive", "lone \udc80 surrogate", {}, "lone surrogates"),
+    ("autoregressive", 12345, {}, "the prompt must be text"),
+    ("teleport", "abc", {}, "unknown method 'teleport'"),
+    ("autoregressive", "abc", {"max_new_tokens": 0}, r"max_new_tokens must be a whole number >= 1 \(got 0\)"),
+    ("autoregressive", "abc", {"max_new_tokens": -3}, r"max_new_tokens must be a whole number >= 1 \(got -3\)"),
+    ("autoregressive", "abc", {"max_new_tokens": 100_000}, "exceeds the model's context"),
+    ("speculative", "abc", {"gamma": 0}, r"gamma must be between 1 and 64 \(got 0\)"),
+    ("speculative", "abc", {"gamma": 1000}, r"gamma must be between 1 and 64 \(got 1000\)"),
+    ("speculative", "abc", {"drafter": "oracle"}, "unknown drafter 'oracle'"),
+    ("autoregressive", "abc", {"temperature": -1.0}, r"temperature must be a finite number >= 0 \(got -1.0\)"),
+    ("autoregressive", "abc", {"temperature": float("nan")}, r"temperature must be .* \(got nan\)"),
+    ("autoregressive", "abc", {"temperature": float("inf")}, r"temperature must be .* \(got inf\)"),
+    ("autoregressive", "abc", {"top_k": 0}, r"top_k must be >= 1 \(got 0\)"),
+    ("autoregressive", "abc", {"top_p": 0.0}, r"top_p must be in \(0, 1\] \(got 0.0\)"),
+    ("autoregressive", "abc", {"top_p": 1.5}, r"top_p must be in \(0, 1\] \(got 1.5\)"),
+    ("diffusion", "abc", {"max_new_tokens": 16, "steps": 0}, r"steps must be a whole number >= 1 \(got 0\)"),
+    ("diffusion", "abc", {"max_new_tokens": 16, "steps": 32}, r"steps \(32\) cannot exceed max_new_tokens \(16\)"),
+    ("diffusion", "abc", {"max_new_tokens": 16, "steps": 5, "block_length": 8},
+     r"steps \(5\) must be a multiple of the number of blocks \(2 = 16 / 8\)"),
+    ("diffusion", "abc", {"max_new_tokens": 16, "block_length": 32},
+     r"block_length \(32\) cannot exceed max_new_tokens \(16\)"),
+    ("diffusion", "abc", {"max_new_tokens": 16, "block_length": 5},
+     r"max_new_tokens \(16\) must be a multiple of block_length \(5\)"),
+    ("diffusion", "abc", {"max_new_tokens": 16, "threshold": 0.0}, r"threshold must be in \(0, 1\] \(got 0.0\)"),
+    ("diffusion", "abc", {"max_new_tokens": 16, "threshold": 1.5}, r"threshold must be in \(0, 1\] \(got 1.5\)"),
+    ("diffusion", "abc", {"max_new_tokens": 16, "remasking": "sometimes"}, "unknown remasking 'sometimes'"),
+    ("autoregressive", "abc", {"beam_width": 3}, "unknown option.*beam_width"),
 ]
 
 
-@pytest.mark.parametrize("method,prompt,options", BAD_API)
-def test_bad_input_raises_one_clear_error(random_models, method, prompt, options):
-    with pytest.raises(explorer.ExplorerError) as err:
+@pytest.mark.parametrize("method,prompt,options,message", BAD_API)
+def test_bad_input_raises_one_clear_error(random_models, method, prompt, options, message):
+    with pytest.raises(explorer.ExplorerError, match=message) as err:
         explorer.decode(method, random_models, prompt, **options)
     assert "\n" not in str(err.value) and len(str(err.value)) < 200
 
@@ -93,26 +100,44 @@ def test_draft_with_another_vocabulary_is_refused(random_models):
         check_same_vocabulary(random_models.target, other)
 
 
-def test_trust_remote_code_only_for_allowlisted_ids(monkeypatch):
-    """A user-typed model id never reaches from_pretrained with trust_remote_code=True."""
+def load_hub_recording(monkeypatch, name, hub_ids):
+    """Run the hub loader with transformers' loaders replaced by recorders that return small real objects."""
     import transformers
 
     from explorer import models as models_mod
 
     calls = []
 
-    def fake(name, *args, **kwargs):
-        calls.append((name, kwargs.get("trust_remote_code", False)))
-        raise RuntimeError("stop")
+    def loader(kind):
+        def from_pretrained(model_id, *args, **kwargs):
+            calls.append((kind, model_id, kwargs.get("trust_remote_code")))
+            if kind == "tokenizer":
+                return models_mod.build_byte_tokenizer()
+            return models_mod.build_random_llama(260, 8, 1, seed=0)
+        return from_pretrained
 
     monkeypatch.setattr(models_mod, "_require_network", lambda model_id: None)
-    for cls in (transformers.AutoTokenizer, transformers.AutoModelForCausalLM, transformers.AutoModel):
-        monkeypatch.setattr(cls, "from_pretrained", fake)
-    with pytest.raises(RuntimeError):
-        models_mod._load_uncached("custom", torch.device("cpu"), torch.float32,
-                                  {"target": "evil/model", "diffusion": "evil/diffusion"})
-    assert calls and all(trusted is False for _, trusted in calls)
-    assert "evil/diffusion" not in models_mod.TRUST_REMOTE_CODE_ALLOWLIST
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", loader("tokenizer"))
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", loader("causal"))
+    monkeypatch.setattr(transformers.AutoModel, "from_pretrained", loader("model"))
+    models = models_mod._load_uncached(name, torch.device("cpu"), torch.float32, hub_ids)
+    return models, calls
+
+
+def test_trust_remote_code_only_for_allowlisted_ids(monkeypatch):
+    """The diffusion branch runs: remote code for an allowlisted id (Dream), never for a typed id."""
+    models, calls = load_hub_recording(monkeypatch, "qwen2.5-7b", {})
+    dream = "Dream-org/Dream-v0-Instruct-7B"
+    assert models.diffusion is not None and models.diffusion_shift  # Dream predicts the next position
+    assert [(kind, trusted) for kind, model_id, trusted in calls if model_id == dream] == [
+        ("tokenizer", True), ("model", True)]
+    assert all(not trusted for _, model_id, trusted in calls if model_id != dream)
+
+    models, calls = load_hub_recording(monkeypatch, "custom", {"target": "evil/model", "diffusion": "evil/diffusion"})
+    assert models.diffusion is not None and not models.diffusion_shift
+    assert [(kind, trusted) for kind, model_id, trusted in calls if model_id == "evil/diffusion"] == [
+        ("tokenizer", False), ("model", False)]
+    assert all(not trusted for *_, trusted in calls)
 
 
 # -------------------------------------------------------------------------------- numerics
@@ -163,26 +188,32 @@ def test_cli_decode_json_schema(capsys):
     assert STATS_KEYS <= set(obj["stats"]) and obj["config"]["gamma"] == 3
 
 
-BAD_CLI = [
-    ["--preset", "nope", "--method", "speculative"],
-    ["--method", "teleport"],
-    ["--method", "speculative", "--gamma", "0"],
-    ["--method", "autoregressive", "--temperature", "-1"],
-    ["--method", "autoregressive", "--temperature", "nan"],
-    ["--method", "autoregressive", "--max-new-tokens", "0"],
-    ["--method", "autoregressive", "--max-new-tokens", "99999"],
-    ["--method", "diffusion", "--max-new-tokens", "16", "--steps", "5", "--block-length", "8"],
-    ["--method", "diffusion", "--threshold", "2"],
-    ["--method", "autoregressive", "--max-new-tokens", "ten"],
+BAD_CLI = [  # (arguments, the message that names the check)
+    (["--preset", "nope", "--method", "speculative"], "unknown preset 'nope'"),
+    (["--method", "teleport"], "unknown method 'teleport'"),
+    (["--method", "speculative", "--gamma", "0"], r"gamma must be between 1 and 64 \(got 0\)"),
+    (["--method", "speculative", "--gamma", "65"], r"gamma must be between 1 and 64 \(got 65\)"),
+    (["--method", "autoregressive", "--top-k", "0"], r"top_k must be >= 1 \(got 0\)"),
+    (["--method", "autoregressive", "--temperature", "-1"], r"temperature must be .* \(got -1.0\)"),
+    (["--method", "autoregressive", "--temperature", "nan"], r"temperature must be .* \(got nan\)"),
+    (["--method", "autoregressive", "--max-new-tokens", "0"], r"max_new_tokens must be .* \(got 0\)"),
+    (["--method", "autoregressive", "--max-new-tokens", "99999"], "exceeds the model's context"),
+    (["--method", "diffusion", "--max-new-tokens", "16", "--steps", "5", "--block-length", "8"],
+     r"steps \(5\) must be a multiple of the number of blocks"),
+    (["--method", "diffusion", "--max-new-tokens", "16", "--steps", "32"], r"steps \(32\) cannot exceed"),
+    (["--method", "diffusion", "--max-new-tokens", "8", "--block-length", "16"], r"block_length \(16\) cannot exceed"),
+    (["--method", "diffusion", "--threshold", "2"], r"threshold must be in \(0, 1\] \(got 2.0\)"),
+    (["--method", "autoregressive", "--max-new-tokens", "ten"], "invalid int value: 'ten'"),
 ]
 
 
-@pytest.mark.parametrize("args", BAD_CLI)
-def test_cli_bad_input_one_line_no_traceback(capsys, args):
+@pytest.mark.parametrize("args,message", BAD_CLI)
+def test_cli_bad_input_one_line_no_traceback(capsys, args, message):
     argv = ["decode", "--prompt", "abc"] + (args if "--preset" in args else ["--preset", "random-tiny", *args])
     code, out, err = run_cli(capsys, *argv)
     assert code == 2
     assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err
+    assert re.search(message, err), err
 
 
 def test_cli_empty_prompt_in_a_real_process():
@@ -192,9 +223,16 @@ def test_cli_empty_prompt_in_a_real_process():
     assert proc.stderr.strip().splitlines() == ["error: the prompt is empty"]
 
 
-def test_cli_audit_passes_on_an_exact_sampler(capsys):
-    code, out, err = run_cli(capsys, "audit", "--preset", "random-tiny", "--prompt", "abc", "--samples", "300",
-                             "--prefix-tokens", "1", "--json")
-    assert code == 0
+def test_cli_audit_verdicts_json_and_text(capsys):
+    """Default sample count (enough for the known bugs): PASS, exit 0; too few: INCONCLUSIVE, exit 3."""
+    args = ["audit", "--preset", "random-tiny", "--prompt", "abc", "--top-k", "3", "--gamma", "2"]
+    code, out, err = run_cli(capsys, *args, "--json")
     result = json.loads(out)
-    assert result["verdict"].startswith("PASS") and 0 <= result["tv_distance"] <= 1
+    assert code == 0 and result["status"] == "PASS" and result["verdict"].startswith("PASS")
+    assert result["samples"] >= result["samples_needed"] and result["min_detectable_tv"] < 1
+    assert {b["name"] for b in result["bugs"]} == {"no_residual", "q_before_warping", "bonus_from_draft"}
+    assert "audit: " in err  # progress
+    code, out, err = run_cli(capsys, *args, "--samples", "10", "--control")
+    assert code == 3 and out.strip().splitlines()[-1].startswith("INCONCLUSIVE")
+    assert re.search(r"about \d+ samples would suffice", out)  # with the control: 4 tests, a stricter level
+    assert "two-sample AR vs speculative" in out

@@ -1,12 +1,14 @@
 """Masked-diffusion decoder: schedule, block order, threshold, reproducibility, MLM models."""
 
 import copy
+import types
 
+import numpy as np
 import pytest
 import torch
 
 import explorer
-from explorer.diffusion import reveal_schedule
+from explorer.diffusion import choose_positions, reveal_schedule
 from explorer.events import RefinementStep
 from explorer.models import Models
 
@@ -15,14 +17,14 @@ def steps_of(trace):
     return [e for e in trace.events if isinstance(e, RefinementStep)]
 
 
-@pytest.mark.parametrize("n,k,block", [(16, 16, 16), (16, 8, 16), (16, 8, 4), (24, 6, 8), (12, 3, 12)])
-def test_reveal_counts_follow_schedule_and_blocks_in_order(random_models, n, k, block):
+@pytest.mark.parametrize("n,k,block,expected", [
+    (16, 16, 16, [1] * 16), (16, 8, 16, [2] * 8), (16, 8, 4, [2, 2] * 4), (24, 6, 8, [4, 4] * 3),
+    (12, 3, 12, [4, 4, 4]), (10, 4, 10, [3, 3, 2, 2]), (20, 6, 10, [4, 3, 3] * 2)])
+def test_reveal_counts_follow_schedule_and_blocks_in_order(random_models, n, k, block, expected):
     trace = explorer.decode("diffusion", random_models, "def f(x):", max_new_tokens=n, steps=k, block_length=block,
                             seed=1)
     steps = steps_of(trace)
     assert len(steps) == k == trace.stats["target_forward_passes"]
-    per_block = k // (n // block)
-    expected = reveal_schedule(block, per_block) * (n // block)
     assert [len(s.positions) for s in steps] == expected
     assert steps[-1].masks_left == 0
     canvas = [None] * n
@@ -38,7 +40,77 @@ def test_reveal_counts_follow_schedule_and_blocks_in_order(random_models, n, k, 
 
 def test_reveal_schedule_is_linear_with_remainder_first():
     assert reveal_schedule(10, 4) == [3, 3, 2, 2]
-    assert sum(reveal_schedule(37, 5)) == 37
+    assert reveal_schedule(37, 5) == [8, 8, 7, 7, 7]
+
+
+def test_choose_positions_most_confident_first_and_threshold():
+    conf = torch.tensor([0.1, 0.9, 0.5, 0.7, 0.3], dtype=torch.float64)
+    every = torch.ones(5, dtype=torch.bool)
+    assert sorted(choose_positions(conf, every, 2, None).tolist()) == [1, 3]
+    masked = torch.tensor([True, False, True, True, True])  # position 1 already revealed
+    assert sorted(choose_positions(conf, masked, 2, None).tolist()) == [2, 3]
+    assert sorted(choose_positions(conf, every, 1, 0.4).tolist()) == [1, 2, 3]  # all above 0.4, count ignored
+    assert sorted(choose_positions(conf, every, 1, 0.6).tolist()) == [1, 3]
+    assert choose_positions(conf, every, 3, 0.95).tolist() == [1]  # none above: the most confident one
+    assert sorted(choose_positions(conf, masked, 9, None).tolist()) == [0, 2, 3, 4]  # never more than masked
+
+
+class PositionLogits(torch.nn.Module):
+    """A denoiser whose logits depend only on the position: row j is ``strength[j]`` on token 10 + j."""
+
+    def __init__(self, vocab, strength):
+        super().__init__()
+        self.vocab, self.strength = vocab, torch.tensor(strength, dtype=torch.float32)
+        self.config = types.SimpleNamespace(max_position_embeddings=512, mask_token_id=None)
+
+    def forward(self, input_ids, **kwargs):
+        length = input_ids.shape[1]
+        logits = torch.zeros(1, length, self.vocab)
+        logits[0, torch.arange(length), 10 + torch.arange(length)] = self.strength[:length]
+        return types.SimpleNamespace(logits=logits)
+
+
+def position_models(random_models, strength, shift):
+    tok = random_models.tokenizer
+    model = PositionLogits(len(tok), strength)
+    return Models(random_models.preset, tok, random_models.target, None, model, tok, torch.device("cpu"),
+                  torch.float32, diffusion_shift=shift)
+
+
+def reference_confidence(strength, vocab, banned=2):
+    """max softmax of a row holding one logit s and zeros elsewhere (the banned mask/pad tokens excluded)."""
+    s = np.asarray(strength, dtype=float)
+    return np.exp(s) / (np.exp(s) + vocab - banned - 1)
+
+
+STRENGTH_NEW = [1.0, 7.0, 2.0, 8.0, 3.0, 0.0, 10.0, 9.0]  # for the 8 new positions after the 3-token prompt "abc"
+
+
+def test_first_step_reveals_the_most_confident_positions(random_models):
+    models = position_models(random_models, [0.0] * 3 + STRENGTH_NEW, shift=False)
+    trace = explorer.decode("diffusion", models, "abc", max_new_tokens=8, steps=4)
+    first = steps_of(trace)[0]
+    assert sorted(first.positions) == [6, 7]  # strengths 10 and 9
+    conf = reference_confidence(STRENGTH_NEW, len(random_models.tokenizer))
+    assert np.allclose(sorted(first.confidences), sorted(conf[[6, 7]]))
+
+
+def test_first_step_with_threshold_reveals_every_position_above_it(random_models):
+    models = position_models(random_models, [0.0] * 3 + STRENGTH_NEW, shift=False)
+    conf = reference_confidence(STRENGTH_NEW, len(random_models.tokenizer))
+    for threshold in (0.9, 0.8, 0.5):
+        trace = explorer.decode("diffusion", models, "abc", max_new_tokens=8, steps=8, threshold=threshold)
+        assert sorted(steps_of(trace)[0].positions) == np.flatnonzero(conf > threshold).tolist(), threshold
+
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_greedy_decoding_is_the_argmax_of_the_right_logits(random_models, shift):
+    """Masked-LM: token j is the argmax of row j; a shifted (Dream-style) model: of row j - 1."""
+    strength = [5.0] * 11
+    models = position_models(random_models, strength, shift=shift)
+    trace = explorer.decode("diffusion", models, "abc", max_new_tokens=8, steps=8, temperature=0.0)
+    rows = np.arange(3, 11) - (1 if shift else 0)  # absolute rows that predict new positions 0..7
+    assert trace.token_ids == (10 + rows).tolist()
 
 
 @pytest.mark.parametrize("remasking", ["low_confidence", "random"])
@@ -53,9 +125,17 @@ def test_seeded_runs_are_reproducible(random_models, remasking):
 
 
 def test_low_confidence_reveals_the_most_confident_first(random_models):
-    trace = explorer.decode("diffusion", random_models, "abc", max_new_tokens=8, steps=4)
+    """On a real model: the two revealed positions are the two most confident of the first pass."""
+    models = random_models
+    trace = explorer.decode("diffusion", models, "abc", max_new_tokens=8, steps=4)
     first = steps_of(trace)[0]
-    assert len(first.confidences) == 2 and all(0 < c <= 1 for c in first.confidences)
+    ids = models.tokenizer("abc").input_ids + [models.mask_token_id] * 8
+    with torch.inference_mode():
+        logits = models.diffusion(torch.tensor([ids])).logits[0].double()
+    logits = torch.cat([logits[:1], logits[:-1]])[3:]  # shifted: row j - 1 predicts j
+    logits[:, [models.mask_token_id, models.tokenizer.pad_token_id]] = float("-inf")
+    conf = torch.softmax(logits, -1).max(-1).values.numpy()
+    assert sorted(first.positions) == sorted(np.argsort(-conf)[:2].tolist())
 
 
 def confident(models):

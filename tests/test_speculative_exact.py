@@ -11,13 +11,13 @@ import types
 import numpy as np
 import pytest
 import torch
+from references import np_warp
 from scipy import stats
 
 import explorer
 from explorer import speculative
 from explorer.config import DecodeConfig
 from explorer.models import Models, Preset, build_random_llama
-from explorer.sampling import warp_logits
 
 PROMPTS = ["def parse(line):", "import os\n", "x = [i * i for i", "class A:\n    def", "Hello, world",
            "for k, v in d.items():", "# TODO", "return None", "while True:\n", "print('hi')"]
@@ -117,13 +117,13 @@ def small_vocab_models():
 
 
 def exact_two_token_distribution(models, prompt_ids):
-    """P(x1, x2) by enumeration with the same warping the sampler uses."""
-    with torch.inference_mode():
-        p1 = warp_logits(models.target(torch.tensor([prompt_ids])).logits[0, -1], TEMPERATURE, TOP_K)
-        joint = np.zeros((VOCAB, VOCAB))
-        for x1 in range(VOCAB):
-            p2 = warp_logits(models.target(torch.tensor([prompt_ids + [x1]])).logits[0, -1], TEMPERATURE, TOP_K)
-            joint[x1] = p1[x1].item() * p2.double().numpy()
+    """P(x1, x2) by enumeration, warped by the plain numpy reference (not the product's warp_logits)."""
+    def target(ids):
+        with torch.inference_mode():
+            return np_warp(models.target(torch.tensor([ids])).logits[0, -1].double().numpy(), TEMPERATURE, TOP_K)
+
+    p1 = target(prompt_ids)
+    joint = np.array([p1[x1] * target(prompt_ids + [x1]) for x1 in range(VOCAB)])
     return joint / joint.sum()
 
 

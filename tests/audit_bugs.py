@@ -1,0 +1,41 @@
+"""Known speculative-sampling bugs, injected with pytest's monkeypatch (tests and benchmarks/audit_verdicts.py).
+
+Each mirrors a bug the audit models exactly (``explorer.audit.BUGS``).
+"""
+
+import torch
+
+from explorer import drafters, sampling, speculative
+
+
+def no_residual(monkeypatch):
+    """After a rejection, resample from p instead of norm(max(0, p - q))."""
+    monkeypatch.setattr(speculative, "residual_distribution", lambda p, q: p)
+
+
+def q_before_warping(monkeypatch):
+    """The draft token is drawn from the warped q, but the q handed to verification is softmax(raw logits)."""
+    warped = {}
+
+    def raw_q(logits, temperature, top_k=None, top_p=None):
+        warped["q"] = sampling.warp_logits(logits, temperature, top_k, top_p)
+        return torch.softmax(logits.float(), -1)
+
+    monkeypatch.setattr(drafters, "warp_logits", raw_q)
+    monkeypatch.setattr(drafters, "sample", lambda q, gen: sampling.sample(warped["q"], gen))
+
+
+def bonus_from_draft(monkeypatch):
+    """When every draft is accepted, the bonus token is drawn from the draft's last row instead of p."""
+    verify = speculative.verify_drafts
+
+    def broken(p, q, drafted, gen):
+        if q is not None and drafted:
+            p = p.clone()
+            p[len(drafted)] = q[len(drafted) - 1]
+        return verify(p, q, drafted, gen)
+
+    monkeypatch.setattr(speculative, "verify_drafts", broken)
+
+
+INJECT = {"no_residual": no_residual, "q_before_warping": q_before_warping, "bonus_from_draft": bonus_from_draft}
