@@ -25,11 +25,11 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 TINY_DIR = ASSETS / "models" / "tiny"
 SMOLLM2_DIR = ASSETS / "models" / "smollm2-135m"  # its trained draft and diffusion adapter
 
+# The preset used when none is named: by the app, ``load_models()`` and the CLI alike.
+DEFAULT_PRESET = "smollm2-135m"
+
 # Hub ids allowed to run remote code (their modelling code is not in transformers).
 # Never extend this from user input: a typed model id never gets trust_remote_code.
-# The preset used when none is named: by the app, ``load_models()`` and the CLI alike.
-DEFAULT_PRESET = "tiny"
-
 TRUST_REMOTE_CODE_ALLOWLIST = frozenset({"Dream-org/Dream-v0-Instruct-7B", "GSAI-ML/LLaDA-8B-Instruct"})
 GPU_KINDS = ("hub", "gemma-hub")  # named presets of these kinds need a CUDA GPU and network
 
