@@ -20,6 +20,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -149,11 +150,15 @@ def load_preset(preset: str, progress: gr.Progress | None = None) -> Models:
 
 
 def _warm_up(models: Models) -> None:
+    """A first decode per lane (the first pass of a model is slow) and a first set of figures (plotly loads
+    its validators on first use: seconds), so neither lands in a visitor's first run."""
     runs = [("autoregressive", {}), ("speculative", {"drafter": "model" if models.draft else "prompt_lookup"}),
             ("diffusion", {})]
+    traces = {}
     for method, extra in runs:
         with contextlib.suppress(ExplorerError):  # e.g. no diffusion model: that lane will say so when run
-            explorer.decode(method, models, "def f(x):", max_new_tokens=4, **extra)
+            traces[method] = explorer.decode(method, models, "def f(x):", max_new_tokens=4, **extra)
+    plots.all_figures(list(traces.values()), traces, models.names)
 
 
 def describe_models(models: Models) -> str:
@@ -323,8 +328,8 @@ def replay_frame(current: dict[str, Any] | None, at_ms: float, playing: bool = F
 
 RUN_OUTPUTS = ("frame", "run_table", "result", "model_info", *plots.FIGURE_KEYS, "plots_note", "acceptance_note",
                "why", "history", "current", "scrubber")
-LIVE_FIGURES = ("running_acceptance", "position_acceptance", "accepted_histogram", "break_even", "latency_percentiles",
-                "latency_cdf", "diffusion_reveals")
+LIVE_FIGURES = ("running_acceptance", "position_acceptance", "latency_cdf", "diffusion_reveals")  # cheap enough to
+# rebuild during playback (~0.2 s each on 2 busy cores); the others follow at the end of the run
 
 
 def _out(**values: Any) -> tuple:
@@ -373,20 +378,21 @@ def run_lanes(prompt: str, preset: str, lanes: list[str], settings: Settings, sp
         raise gr.Error("; ".join(f"{m}: {e}" for m, e in errors.items()), print_exception=False)
     end_ms = max(t.stats["wall_s"] for t in done.values()) * 1e3
     words = speed_words(end_ms, speed)
-    scrubber = gr.Slider(minimum=0, maximum=round(end_ms + 0.1, 1), value=0)
-    next_plot = 0.0
-    for at in playback_times(end_ms, speed):  # phase 2: one shared clock
-        frame = replay_frame(current, at, playing=True,
-                             caption=f"All lanes on one shared clock, t = {at:.1f} ms ({words}).")
-        if time.perf_counter() >= next_plot and at < end_ms:
-            live = {m: partial_trace(t, at / 1e3) for m, t in done.items()}
-            figures = plots.all_figures([*(history or []), *live.values()], live, models.names)
-            note = f"**Live**: the plots follow the playback (t = {at:.0f} ms of {end_ms:.0f} ms)."
-            yield _out(frame=frame, plots_note=note, current=current, scrubber=scrubber,
-                       **{k: figures[k] for k in LIVE_FIGURES})
-            next_plot, scrubber = time.perf_counter() + PLOT_INTERVAL_S, gr.skip()
-        else:
-            yield _out(frame=frame, scrubber=gr.skip())
+    once = {"current": current, "scrubber": gr.Slider(minimum=0, maximum=round(end_ms + 0.1, 1), value=0)}
+    live_plots = LivePlots(done, history or [], models.names)
+    try:
+        for at in playback_times(end_ms, speed):  # phase 2: one shared clock
+            frame = replay_frame(current, at, playing=True,
+                                 caption=f"All lanes on one shared clock, t = {at:.1f} ms ({words}).")
+            figures = live_plots.poll(at, end_ms)
+            if figures is not None:
+                note = f"**Live**: the plots follow the playback (t = {figures.pop('_at'):.0f} ms of {end_ms:.0f} ms)."
+                yield _out(frame=frame, plots_note=note, **once, **figures)
+            else:
+                yield _out(frame=frame, **once)
+            once = {}  # the replay state goes out with the first frame, so Stop leaves a replayable run
+    finally:
+        live_plots.close()
     history = ([*(history or []), *done.values()])[-HISTORY_LIMIT:]
     figures = plots.all_figures(history, done, models.names)
     caption = (f"Each lane was decoded alone, then all played on one shared clock ({words})."
@@ -401,6 +407,39 @@ def run_lanes(prompt: str, preset: str, lanes: list[str], settings: Settings, sp
                                                                    value=round(end_ms + 0.1, 1)))
     if errors:
         raise gr.Error("; ".join(f"{m}: {e}" for m, e in errors.items()), print_exception=False)
+
+
+class LivePlots:
+    """Figures of the traces as they stood at the playback time, built in a background thread (a plotly
+    figure can take longer than a frame), at most every PLOT_INTERVAL_S. Playback runs after every decode
+    has finished, so this never competes with a timed decoder."""
+
+    def __init__(self, done: dict[str, Trace], history: list[Trace], names: dict[str, str]) -> None:
+        self.done, self.history, self.names = done, history, names
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="live-plots")
+        self.pending: Future | None = None
+        self.next_at = 0.0
+
+    def _build(self, at_ms: float) -> dict[str, Any]:
+        live = {m: partial_trace(t, at_ms / 1e3) for m, t in self.done.items()}
+        session, latest = [*self.history, *live.values()], list(live.values())
+        return {"_at": at_ms, "running_acceptance": plots.running_acceptance_figure(session, self.names),
+                "position_acceptance": plots.position_acceptance_figure(latest, self.names),
+                "latency_cdf": plots.latency_cdf_figure(session, self.names),
+                "diffusion_reveals": plots.diffusion_reveals_figure(latest, self.names)}
+
+    def poll(self, at_ms: float, end_ms: float) -> dict[str, Any] | None:
+        """Figures finished since the last call (or None); starts the next build when due."""
+        ready = None
+        if self.pending is not None and self.pending.done():
+            ready, self.pending = self.pending.result(), None
+        if self.pending is None and at_ms < end_ms and time.perf_counter() >= self.next_at:
+            self.pending = self.pool.submit(self._build, at_ms)
+            self.next_at = time.perf_counter() + PLOT_INTERVAL_S
+        return ready
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _guarded(frames: Iterator[tuple], errors: dict[str, str], method: str) -> Iterator[tuple]:
