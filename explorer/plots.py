@@ -199,7 +199,7 @@ def _latency_samples(trace: Trace) -> dict[str, list[float]]:
     ttft = trace.stats["ttft_s"]
     return {"TTFT": [ttft * 1e3] if ttft is not None else [],
             "inter-token latency": [x * 1e3 for x in inter_token_latencies(trace)],
-            "request latency": [] if trace.stats.get("partial") else [trace.stats["wall_s"] * 1e3]}
+            "request latency": [trace.stats["wall_s"] * 1e3]}
 
 
 def _pooled_by_method(traces: Sequence[Trace]) -> dict[str, dict[str, list[float]]]:

@@ -12,7 +12,6 @@ object, so tests can call them directly.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import math
 import queue
@@ -20,7 +19,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -57,7 +55,6 @@ TEXT = HERE / "app_text"  # the prose of the page, in Markdown
 HISTORY_LIMIT = 5000  # traces kept per session (the measure tab says so; export writes all of them)
 FRAME_INTERVAL_S = 1 / 20  # playback: at most 20 frames per second
 PROGRESS_INTERVAL_S = 0.25  # while a lane decodes alone: a progress frame 4 times a second
-PLOT_INTERVAL_S = 0.6  # live plots during playback
 AUTO_PLAY_S = 4.0  # "auto" playback: the longest lane plays in about this long (never faster than real time)
 LANE_GAP_S = 0.05  # pause before each decode so the previous frame leaves before the decoder starts
 MAX_PROMPTS, MAX_PROMPT_FILE_BYTES, MAX_REPEATS, MAX_BATCH_DECODES = 200, 100_000, 20, 600
@@ -283,25 +280,15 @@ def speed_words(end_ms: float, slow_motion: float) -> str:
     return "real time" if slow <= 1.0001 else f"{slow:.3g}× slower than real time"
 
 
-def partial_trace(trace: Trace, at_s: float) -> Trace:
-    """The trace as it stood ``at_s`` after it started (for live plots); the trace itself when finished."""
-    if at_s >= trace.stats["wall_s"]:
-        return trace
-    times = [t for t in trace.token_times if t <= at_s]
-    stats = {**trace.stats, "wall_s": at_s, "new_tokens": len(times), "ttft_s": times[0] if times else None,
-             "partial": True}
-    return dataclasses.replace(trace, events=render.events_until(trace, at_s), token_times=times, stats=stats)
-
-
 def _lane_view(method: str, prompt: str, piece: render.Piece, options: dict[str, Any], status: str,
                events: list[Event] | None = None, clock: float = 0.0, **extra: Any) -> render.LaneView:
     return render.LaneView(method, events or [], prompt, piece, options["max_new_tokens"], options.get("block_length"),
                            clock, status, render.lane_detail(method, options), **extra)
 
 
-def _frame(views: dict[str, render.LaneView], caption: str = "") -> str:
+def _frame(views: dict[str, render.LaneView], caption: str = "", below: str = "") -> str:
     return render.lanes_html([render.lane_html(v) for v in views.values()], list(views), caption,
-                             render.narration_html(list(views.values())))
+                             render.narration_html(list(views.values())), below)
 
 
 def initial_frame(methods: tuple[str, ...] = METHODS, settings: Settings = Settings()) -> str:
@@ -320,7 +307,11 @@ def replay_frame(current: dict[str, Any] | None, at_ms: float, playing: bool = F
              for m, t in current["traces"].items()}
     views |= {m: _lane_view(m, "", str, {"max_new_tokens": 1}, "error", note=note)
               for m, note in current.get("errors", {}).items()}
-    return _frame(views, caption or f"Race replay at t = {at_ms:.1f} ms on one shared clock (true relative speed).")
+    end_s = max(t.stats["wall_s"] for t in current["traces"].values())
+    below = render.live_plots_html([views[m] for m in current["traces"]],
+                                   {m: t.t0 for m, t in current["traces"].items()}, end_s)
+    return _frame(views, caption or f"Race replay at t = {at_ms:.1f} ms on one shared clock (true relative speed).",
+                  below)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -328,8 +319,6 @@ def replay_frame(current: dict[str, Any] | None, at_ms: float, playing: bool = F
 
 RUN_OUTPUTS = ("frame", "run_table", "result", "model_info", *plots.FIGURE_KEYS, "plots_note", "acceptance_note",
                "why", "history", "current", "scrubber")
-LIVE_FIGURES = ("running_acceptance", "position_acceptance", "latency_cdf", "diffusion_reveals")  # cheap enough to
-# rebuild during playback (~0.2 s each on 2 busy cores); the others follow at the end of the run
 
 
 def _out(**values: Any) -> tuple:
@@ -347,8 +336,9 @@ def run_lanes(prompt: str, preset: str, lanes: list[str], settings: Settings, sp
     pieces = {m: render.token_piece(_tokenizer(models, m)) for m in methods}
     views = {m: _lane_view(m, prompt, pieces[m], options[m], "waiting", note="waits its turn: each lane is timed "
                            "alone") for m in methods}
-    stale = ("**Plots below are from the previous run** until this run's lanes play." if history else
-             "Plots appear as the lanes play.")
+    stale = ("**The plots below are from the previous run** until this run ends; the mini-plots under the lanes "
+             "follow this run live." if history else "The mini-plots under the lanes follow the run live; the plots "
+             "below fill in when it ends.")
     done: dict[str, Trace] = {}
     errors: dict[str, str] = {}
     for i, method in enumerate(methods):  # phase 1: decode each lane alone
@@ -379,20 +369,11 @@ def run_lanes(prompt: str, preset: str, lanes: list[str], settings: Settings, sp
     end_ms = max(t.stats["wall_s"] for t in done.values()) * 1e3
     words = speed_words(end_ms, speed)
     once = {"current": current, "scrubber": gr.Slider(minimum=0, maximum=round(end_ms + 0.1, 1), value=0)}
-    live_plots = LivePlots(done, history or [], models.names)
-    try:
-        for at in playback_times(end_ms, speed):  # phase 2: one shared clock
-            frame = replay_frame(current, at, playing=True,
-                                 caption=f"All lanes on one shared clock, t = {at:.1f} ms ({words}).")
-            figures = live_plots.poll(at, end_ms)
-            if figures is not None:
-                note = f"**Live**: the plots follow the playback (t = {figures.pop('_at'):.0f} ms of {end_ms:.0f} ms)."
-                yield _out(frame=frame, plots_note=note, **once, **figures)
-            else:
-                yield _out(frame=frame, **once)
-            once = {}  # the replay state goes out with the first frame, so Stop leaves a replayable run
-    finally:
-        live_plots.close()
+    for at in playback_times(end_ms, speed):  # phase 2: one shared clock; the mini-plots under the lanes follow
+        frame = replay_frame(current, at, playing=True,
+                             caption=f"All lanes on one shared clock, t = {at:.1f} ms ({words}).")
+        yield _out(frame=frame, **once)
+        once = {}  # the replay state goes out with the first frame, so Stop leaves a replayable run
     history = ([*(history or []), *done.values()])[-HISTORY_LIMIT:]
     figures = plots.all_figures(history, done, models.names)
     caption = (f"Each lane was decoded alone, then all played on one shared clock ({words})."
@@ -407,39 +388,6 @@ def run_lanes(prompt: str, preset: str, lanes: list[str], settings: Settings, sp
                                                                    value=round(end_ms + 0.1, 1)))
     if errors:
         raise gr.Error("; ".join(f"{m}: {e}" for m, e in errors.items()), print_exception=False)
-
-
-class LivePlots:
-    """Figures of the traces as they stood at the playback time, built in a background thread (a plotly
-    figure can take longer than a frame), at most every PLOT_INTERVAL_S. Playback runs after every decode
-    has finished, so this never competes with a timed decoder."""
-
-    def __init__(self, done: dict[str, Trace], history: list[Trace], names: dict[str, str]) -> None:
-        self.done, self.history, self.names = done, history, names
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="live-plots")
-        self.pending: Future | None = None
-        self.next_at = 0.0
-
-    def _build(self, at_ms: float) -> dict[str, Any]:
-        live = {m: partial_trace(t, at_ms / 1e3) for m, t in self.done.items()}
-        session, latest = [*self.history, *live.values()], list(live.values())
-        return {"_at": at_ms, "running_acceptance": plots.running_acceptance_figure(session, self.names),
-                "position_acceptance": plots.position_acceptance_figure(latest, self.names),
-                "latency_cdf": plots.latency_cdf_figure(session, self.names),
-                "diffusion_reveals": plots.diffusion_reveals_figure(latest, self.names)}
-
-    def poll(self, at_ms: float, end_ms: float) -> dict[str, Any] | None:
-        """Figures finished since the last call (or None); starts the next build when due."""
-        ready = None
-        if self.pending is not None and self.pending.done():
-            ready, self.pending = self.pending.result(), None
-        if self.pending is None and at_ms < end_ms and time.perf_counter() >= self.next_at:
-            self.pending = self.pool.submit(self._build, at_ms)
-            self.next_at = time.perf_counter() + PLOT_INTERVAL_S
-        return ready
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _guarded(frames: Iterator[tuple], errors: dict[str, str], method: str) -> Iterator[tuple]:
