@@ -891,15 +891,28 @@ def _wire(c: Controls, demo: gr.Blocks) -> None:
 # ----------------------------------------------------------------------------------------------
 # page behaviour (JS) and page-wide style
 
-SCROLL_JS = """() => { const el = document.querySelector('#lanes');
+SCROLL_JS = """() => { window.explorerStopUntil = 0; const el = document.querySelector('#lanes');
   if (el) el.scrollIntoView({behavior: 'smooth', block: 'start'}); }"""
-# Stop / Pause: a cancelled handler sends no last frame, so settle every lane still marked as moving
-SETTLE_JS = """() => { document.querySelectorAll('#lanes .lane').forEach((lane) => {
-  if (lane.dataset.status === 'running' || lane.dataset.status === 'waiting') {
-    lane.dataset.status = 'stopped';
-    const badge = lane.querySelector('.status'); if (badge) badge.textContent = 'stopped';
-    const note = lane.querySelector('.note'); if (note) note.textContent = 'stopped by the user';
-  } }); }"""
+# Stop / Pause: a cancelled handler sends no last frame (and a frame already on its way may still land), so
+# for a moment after the click every lane still marked as moving is settled as stopped, after each update too.
+SETTLE_JS = """() => {
+  const lanes = document.querySelector('#lanes');
+  const settle = () => lanes.querySelectorAll('.lane').forEach((lane) => {
+    if (lane.dataset.status === 'running' || lane.dataset.status === 'waiting') {
+      lane.dataset.status = 'stopped';
+      const badge = lane.querySelector('.status'); if (badge) badge.textContent = 'stopped';
+      const note = lane.querySelector('.note'); if (note) note.textContent = 'stopped by the user';
+    } });
+  const opts = {subtree: true, childList: true};
+  window.explorerStopUntil = performance.now() + 3000;
+  const watch = new MutationObserver(() => {
+    watch.disconnect();
+    if (performance.now() > window.explorerStopUntil) return;
+    settle(); watch.observe(lanes, opts);
+  });
+  settle(); watch.observe(lanes, opts);
+  setTimeout(() => watch.disconnect(), 3100);
+}"""
 PRESENTER_JS = """(on) => { document.body.classList.toggle('presenter', !!on); return on; }"""
 # narrow screens start with the sidebar closed so Run is reachable; ?presenter=1 starts in presenter mode
 LOAD_JS = """() => {
