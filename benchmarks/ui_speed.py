@@ -60,7 +60,8 @@ OBSERVER = """() => {
     const t = performance.now();
     const tokens = [...lanes.querySelectorAll('.lane')].map(l => Number(l.dataset.tokens || 0));
     const last = window.frames[window.frames.length - 1];
-    const key = lanes.innerHTML.length + ':' + tokens.join(',') + ':' + lanes.textContent.length;
+    const bars = [...lanes.querySelectorAll('.decoding .bar')].map(b => b.style.width).join(',');
+    const key = tokens.join(',') + ':' + bars + ':' + lanes.textContent;  // progress frames count too
     if (!last || last.key !== key) window.frames.push({t, key, tokens: tokens.reduce((a, b) => a + b, 0),
       done: lanes.querySelectorAll('.lane[data-status="done"]').length});
   }).observe(lanes, {subtree: true, childList: true, characterData: true, attributes: true});
