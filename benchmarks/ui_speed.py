@@ -60,7 +60,8 @@ OBSERVER = """() => {
     const t = performance.now();
     const tokens = [...lanes.querySelectorAll('.lane')].map(l => Number(l.dataset.tokens || 0));
     const last = window.frames[window.frames.length - 1];
-    const key = lanes.innerHTML.length + ':' + tokens.join(',') + ':' + lanes.textContent.length;
+    const bars = [...lanes.querySelectorAll('.decoding .bar')].map(b => b.style.width).join(',');
+    const key = tokens.join(',') + ':' + bars + ':' + lanes.textContent;  // progress frames count too
     if (!last || last.key !== key) window.frames.push({t, key, tokens: tokens.reduce((a, b) => a + b, 0),
       done: lanes.querySelectorAll('.lane[data-status="done"]').length});
   }).observe(lanes, {subtree: true, childList: true, characterData: true, attributes: true});
@@ -120,6 +121,8 @@ def _frame_stats(data: list) -> dict:
     playing = [g for g in gaps if g < 200]  # between lanes the next decoder runs: not animation
     return {"click_to_first_frame_ms": frames[0]["t"] - clicked, "click_to_first_token_frame_ms": first - clicked,
             "frames": len(animated), "click_to_last_frame_s": (last - clicked) / 1e3,
+            "longest_still_ms": max([b["t"] - a["t"] for a, b in zip(frames, frames[1:], strict=False)]
+                                    + [frames[0]["t"] - clicked]),
             "fps_whole_run": (len(animated) - 1) / ((last - first) / 1e3) if last > first else float("nan"),
             "fps_during_playback": 1e3 / statistics.median(playing) if playing else float("nan")}
 
@@ -138,7 +141,8 @@ def measure_overhead(preset: str, repeats: int) -> dict:
     port = free_port()
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
     client = Client(f"http://127.0.0.1:{port}/", verbose=False)
-    args = (PROMPT, preset, list(ui.METHODS), *(getattr(settings, name) for name in ui.SETTING_NAMES))
+    values = [list(v) if isinstance(v, tuple) else v for v in (getattr(settings, n) for n in ui.SETTING_NAMES)]
+    args = (PROMPT, preset, list(ui.METHODS), *values, 1.0)  # playback at real time: the shortest run
     bare: dict[str, list[float]] = {m: [] for m in ui.METHODS}
     in_app: dict[str, list[float]] = {m: [] for m in ui.METHODS}
     frames: list[int] = []
@@ -191,6 +195,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice); use 1 "
                         "on a CPU shared with other jobs, where 2 OpenMP threads on 1 free core stall")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--skip-overhead", action="store_true", help="only app start and click -> frame")
     args = parser.parse_args()
     import torch
 
@@ -199,7 +204,8 @@ def main() -> None:
     report = {"preset": args.preset, "torch_threads": torch.get_num_threads(), "start": measure_start(args.preset)}
     if Path(CHROMIUM).exists():
         report["browser"] = measure_browser(args.preset, args.browser_runs)
-    report["overhead"] = measure_overhead(args.preset, args.repeats)
+    if not args.skip_overhead:
+        report["overhead"] = measure_overhead(args.preset, args.repeats)
     text = json.dumps(report, indent=2, default=float)
     print(text)
     if args.json:

@@ -79,20 +79,22 @@ def start_app(preset: str) -> tuple[object, str]:
 
 
 def session_inputs(index: int, preset: str, max_new_tokens: int) -> tuple:
-    """Each session: its own prompt and seed, sampled at temperature 0.8 so outputs differ by session."""
+    """Each session: its own prompt and seed, sampled at temperature 0.8 so outputs differ by session.
+    The /run inputs: prompt, preset, lanes, then explorer.ui.Settings in field order, then the playback speed
+    (real time here: the load test measures serving, not the animation)."""
+    from explorer.ui import FLAG_FIELDS
+
     prompt = f"def handler_{index}(request):\n"
-    return (prompt, preset, LANES, max_new_tokens, 0.8, 1.0, 1000 + index, "model", 4, False,
-            max_new_tokens // 2, max_new_tokens, "low_confidence", 0.0)
+    return (prompt, preset, LANES, max_new_tokens, 0.8, 1.0, 1000 + index, "model", 4, False, 2, 1,
+            "low_confidence", 0.0, list(FLAG_FIELDS), 1.0)
 
 
 def expected_ids(models, inputs: tuple) -> dict[str, list[int]]:
-    prompt, _, lanes, n, temperature, top_p, seed, drafter, gamma, _, steps, block, remasking, _ = inputs
-    common = dict(max_new_tokens=n, temperature=temperature, top_p=top_p, seed=seed)
-    return {"autoregressive": explorer.decode("autoregressive", models, prompt, **common).token_ids,
-            "speculative": explorer.decode("speculative", models, prompt, gamma=gamma, drafter=drafter,
-                                           **common).token_ids,
-            "diffusion": explorer.decode("diffusion", models, prompt, steps=steps, block_length=block,
-                                         remasking=remasking, **common).token_ids}
+    from explorer.ui import Settings
+
+    prompt, _, lanes, *values, _speed = inputs
+    settings = Settings.from_values(values)
+    return {m: explorer.decode(m, models, prompt, **settings.options(m)).token_ids for m in LANES}
 
 
 def run_load(clients: int = 8, runs: int = 3, preset: str = "tiny", url: str | None = None,

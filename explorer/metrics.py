@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -25,10 +25,13 @@ def inter_token_latencies(trace: Trace) -> list[float]:
 
 
 def request_row(trace: Trace, **extra: object) -> dict[str, object]:
-    """One row per request: latency, TTFT, ITL p50/p99 within the request, acceptance, passes."""
+    """One row per request: the prompt, every setting, latency, TTFT, ITL p50/p99 within the request,
+    acceptance, passes."""
     s = trace.stats
     itl = inter_token_latencies(trace)
+    settings = {k: v for k, v in trace.config.items() if k not in ("method", "preset") and _scalar(v)}
     return {
+        "prompt": trace.prompt,
         "method": trace.method,
         "preset": s["preset"],
         "drafter": s.get("drafter"),
@@ -48,8 +51,13 @@ def request_row(trace: Trace, **extra: object) -> dict[str, object]:
         "device": s["device"],
         "dtype": s["dtype"],
         "batch_size": s["batch_size"],
+        **{k: v for k, v in settings.items() if k not in ("drafter", "gamma", "steps", "temperature")},
         **extra,
     }
+
+
+def _scalar(v: object) -> bool:
+    return v is None or isinstance(v, (str, int, float, bool))
 
 
 def requests_frame(traces: Iterable[Trace]) -> pd.DataFrame:
@@ -92,3 +100,109 @@ def predicted_speedup(alpha: float, gamma: int, cost_ratio: float) -> float:
     if alpha >= 1.0:
         return (gamma + 1) / (gamma * cost_ratio + 1)
     return (1 - alpha ** (gamma + 1)) / ((1 - alpha) * (gamma * cost_ratio + 1))
+
+
+# ----------------------------------------------------------------------------------------------
+# honest summaries: grouped by setup (never pooled across it), a spread beside every number
+
+GROUP_KEYS = ("preset", "method", "drafter", "gamma", "temperature", "steps", "block_length")
+FEW_SAMPLES = 5  # below this a spread is shown but flagged
+BOOTSTRAP_RESAMPLES = 2000
+
+
+def bootstrap_ci(values: Iterable[float], stat=np.median, level: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES,
+                 seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap confidence interval of ``stat`` (a function of a 1-D array; vectorised over axis 1
+    when it accepts ``axis``); (nan, nan) for no data. Seeded, so a table is reproducible."""
+    arr = np.asarray([v for v in values if v is not None and np.isfinite(v)], dtype=float)
+    if not arr.size:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    samples = arr[rng.integers(0, arr.size, size=(resamples, arr.size))]
+    stats = stat(samples, axis=1)
+    lo, hi = np.quantile(stats, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(lo), float(hi)
+
+
+def percentile_ci(values: Iterable[float], q: float, **kwargs) -> tuple[float, float, float]:
+    """(percentile, CI low, CI high)."""
+    values = list(values)
+    lo, hi = bootstrap_ci(values, lambda a, axis: np.percentile(a, q, axis=axis), **kwargs)
+    return percentile(values, q), lo, hi
+
+
+def ratio_ci(numerator: Iterable[float], denominator: Iterable[float], resamples: int = BOOTSTRAP_RESAMPLES,
+             seed: int = 0) -> tuple[float, float, float]:
+    """mean(numerator) / mean(denominator) and a bootstrap CI, resampling each side independently
+    (e.g. the AR lane's seconds per token over a method's: a speedup)."""
+    a = np.asarray([v for v in numerator if v is not None and np.isfinite(v)], dtype=float)
+    b = np.asarray([v for v in denominator if v is not None and np.isfinite(v)], dtype=float)
+    if not a.size or not b.size or b.mean() <= 0:
+        return float("nan"), float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    ra = a[rng.integers(0, a.size, size=(resamples, a.size))].mean(axis=1)
+    rb = b[rng.integers(0, b.size, size=(resamples, b.size))].mean(axis=1)
+    ratios = ra / np.where(rb > 0, rb, np.nan)
+    lo, hi = np.nanquantile(ratios, [0.025, 0.975])
+    return float(a.mean() / b.mean()), float(lo), float(hi)
+
+
+def _group_label(key: tuple, keys: Sequence[str]) -> dict[str, object]:
+    return {k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in zip(keys, key, strict=True)}
+
+
+def _reference_key(row: dict[str, object]) -> tuple:
+    """The AR group a row is compared with: same preset and temperature."""
+    return (row["preset"], row["temperature"])
+
+
+def _seconds_per_token(group: pd.DataFrame) -> pd.Series:
+    return group["latency_s"] / group["new_tokens"].clip(lower=1)
+
+
+def grouped_summary(frame: pd.DataFrame, other_family: Iterable[str] = (), by_prompt: bool = False) -> pd.DataFrame:
+    """One row per setup (GROUP_KEYS; with ``by_prompt`` also per prompt): n, a warning under FEW_SAMPLES,
+    latency p50/p95/p99 and TTFT p50 each with a 95% bootstrap CI, mean acceptance with its CI, and the
+    speedup over the autoregressive rows of the same preset and temperature (and prompt) with its CI.
+    ``other_family``: presets whose diffusion model is of another family (another tokenizer): its tokens
+    are not the target's, so it gets no speedup, and the row says why."""
+    if frame.empty:
+        return pd.DataFrame()
+    keys = [k for k in GROUP_KEYS if k in frame.columns] + (["prompt"] if by_prompt else [])
+    frame = frame.copy()
+    frame["_spt"] = _seconds_per_token(frame)
+    ar = frame[frame["method"] == "autoregressive"]
+    ar_keys = ["preset", "temperature"] + (["prompt"] if by_prompt else [])
+    references = {k if isinstance(k, tuple) else (k,): g["_spt"].tolist()
+                  for k, g in ar.groupby(ar_keys, sort=False, dropna=False)} if not ar.empty else {}
+    other = set(other_family)
+    rows = []
+    for key, group in frame.groupby(keys, sort=False, dropna=False):
+        row = _group_label(key if isinstance(key, tuple) else (key,), keys)
+        n = len(group)
+        row["n"] = n
+        row["warning"] = f"only {n} sample(s): spread unreliable" if n < FEW_SAMPLES else ""
+        for q in PERCENTILES if not by_prompt else (50,):
+            row[f"latency_p{q}_s"], row[f"latency_p{q}_lo"], row[f"latency_p{q}_hi"] = percentile_ci(
+                group["latency_s"], q)
+        row["ttft_p50_s"], row["ttft_p50_lo"], row["ttft_p50_hi"] = percentile_ci(group["ttft_s"].dropna(), 50)
+        acc = group["acceptance_rate"].dropna()
+        row["acceptance_mean"] = float(acc.mean()) if len(acc) else float("nan")
+        row["acceptance_lo"], row["acceptance_hi"] = bootstrap_ci(acc, np.mean) if len(acc) else (np.nan, np.nan)
+        row["tokens_per_target_pass"] = float(group["new_tokens"].sum() / max(1, group["target_forward_passes"].sum()))
+        ref = references.get(tuple(row[k] for k in ar_keys))
+        row["speedup_note"] = ""
+        if row["method"] == "diffusion" and row["preset"] in other:
+            speedup = (np.nan, np.nan, np.nan)
+            row["speedup_note"] = "no speedup: the diffusion model is of another family (other tokenizer, other model)"
+        elif row["method"] == "autoregressive":
+            speedup = (1.0, np.nan, np.nan)
+            row["speedup_note"] = "the reference"
+        elif ref:
+            speedup = ratio_ci(ref, group["_spt"])
+        else:
+            speedup = (np.nan, np.nan, np.nan)
+            row["speedup_note"] = "no autoregressive run with the same preset and temperature to compare with"
+        row["speedup"], row["speedup_lo"], row["speedup_hi"] = speedup
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -19,6 +19,23 @@ from explorer.metrics import inter_token_latencies, percentile, predicted_speedu
 METHOD_COLOURS = {"autoregressive": "#6b7280", "speculative": "#16a34a", "diffusion": "#0891b2"}
 PERCENTILE_COLOURS = {50: "#60a5fa", 95: "#f59e0b", 99: "#dc2626"}
 HEIGHT = 380
+# what each figure shows before any run (its empty state says what will appear)
+EMPTY = {
+    "running_acceptance": ("Press Run with the speculative lane: its acceptance rate after each<br>"
+                           "verify step appears here, live as the lanes play."),
+    "position_acceptance": ("Press Run with the speculative lane: how often the 1st, 2nd, … draft<br>"
+                            "of a step is accepted appears here."),
+    "accepted_histogram": ("Press Run with the speculative lane: how many drafts each verify step<br>"
+                           "kept (0 … γ) appears here."),
+    "break_even": ("Press Run with the speculative lane: the predicted speedup against α<br>"
+                   "and this run's measured point appear here."),
+    "latency_percentiles": ("Press Run: TTFT, inter-token and request latency (p50/p95/p99)<br>"
+                            "per lane appear here."),
+    "latency_cdf": ("Press Run: the distribution of request and inter-token latency<br>"
+                    "over this session's runs appears here."),
+    "diffusion_reveals": ("Press Run with the diffusion lane: how many masks each refinement<br>"
+                          "step revealed appears here."),
+}
 
 
 def setup_caption(traces: Iterable[Trace], names: Mapping[str, str] | None = None) -> str:
@@ -68,7 +85,7 @@ def running_acceptance_figure(traces: Sequence[Trace], names: Mapping[str, str] 
     title, spec = "Running acceptance rate over verify steps", _of(traces, "speculative")[-last:]
     caption = setup_caption(spec, names)
     if not spec:
-        return _empty(title, caption, "run the speculative lane to see acceptance")
+        return _empty(title, caption, EMPTY["running_acceptance"])
     fig = go.Figure()
     for i, trace in enumerate(spec):
         frame = verification_frame(trace)
@@ -100,7 +117,7 @@ def position_acceptance_figure(traces: Sequence[Trace], names: Mapping[str, str]
     caption = setup_caption(spec, names)
     checked, accepted = _position_counts(spec)
     if not checked.size:
-        return _empty(title, caption, "no drafts verified yet")
+        return _empty(title, caption, EMPTY["position_acceptance"])
     positions = np.arange(1, checked.size + 1)
     rate = np.divide(accepted, checked, out=np.zeros(checked.size), where=checked > 0)
     fig = go.Figure(go.Bar(x=positions, y=rate, marker_color=METHOD_COLOURS["speculative"],
@@ -117,7 +134,7 @@ def accepted_histogram_figure(traces: Sequence[Trace], names: Mapping[str, str] 
     caption = setup_caption(spec, names)
     counts = [e.accepted for t in spec for e in t.events if isinstance(e, Verification)]
     if not counts:
-        return _empty(title, caption, "no verify steps yet")
+        return _empty(title, caption, EMPTY["accepted_histogram"])
     values, freq = np.unique(counts, return_counts=True)
     fig = go.Figure(go.Bar(x=values, y=freq, marker_color=METHOD_COLOURS["speculative"],
                            hovertemplate="%{x} accepted: %{y} steps<extra></extra>"))
@@ -153,7 +170,7 @@ def break_even_figure(spec: Trace | None, reference: Trace | None = None,
     title = "Break-even: predicted speedup vs acceptance α"
     caption = setup_caption([t for t in (spec, reference) if t is not None], names)
     if spec is None:
-        return _empty(title, caption, "run the speculative lane to see the break-even curve")
+        return _empty(title, caption, EMPTY["break_even"])
     gamma, c = int(spec.stats["gamma"]), cost_ratio(spec)
     alphas = np.linspace(0, 0.995, 200)
     fig = go.Figure()
@@ -198,7 +215,7 @@ def latency_percentiles_figure(traces: Sequence[Trace], names: Mapping[str, str]
     """TTFT, inter-token latency and request latency as p50 / p95 / p99 per method."""
     title, caption = "Latency percentiles per method (ms)", setup_caption(traces, names)
     if not traces:
-        return _empty(title, caption, "no runs yet")
+        return _empty(title, caption, EMPTY["latency_percentiles"])
     pooled = _pooled_by_method(traces)
     metrics = ["TTFT", "inter-token latency", "request latency"]
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.08)
@@ -218,7 +235,7 @@ def latency_cdf_figure(traces: Sequence[Trace], names: Mapping[str, str] | None 
     """Empirical CDFs over the session's runs: request latency and every inter-token gap."""
     title, caption = "Latency CDF over this session's runs", setup_caption(traces, names)
     if not traces:
-        return _empty(title, caption, "no runs yet")
+        return _empty(title, caption, EMPTY["latency_cdf"])
     pooled = _pooled_by_method(traces)
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1)
     for col, metric in enumerate(["request latency", "inter-token latency"], start=1):
@@ -242,12 +259,12 @@ def diffusion_reveals_figure(traces: Sequence[Trace], names: Mapping[str, str] |
     title, runs = "Diffusion: tokens revealed per step", _of(traces, "diffusion")
     caption = setup_caption(runs[-1:], names)
     if not runs:
-        return _empty(title, caption, "run the diffusion lane to see its schedule")
+        return _empty(title, caption, EMPTY["diffusion_reveals"])
     steps = [e for e in runs[-1].events if isinstance(e, RefinementStep)]
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     fig.add_bar(x=[e.step + 1 for e in steps], y=[len(e.positions) for e in steps], name="revealed",
                 marker={"color": [e.block for e in steps], "colorscale": "Teal", "cmin": 0,
-                        "cmax": max(1, max(e.block for e in steps))},
+                        "cmax": max(1, max((e.block for e in steps), default=0))},
                 customdata=[e.block + 1 for e in steps],
                 hovertemplate="step %{x} (block %{customdata}): %{y} revealed<extra></extra>")
     fig.add_scatter(x=[e.step + 1 for e in steps], y=[e.masks_left for e in steps], name="masks left",

@@ -20,6 +20,7 @@ from typing import Any
 from explorer.events import Event, Prefill, Proposal, RefinementStep, TokenStep, Trace, Verification
 
 Piece = Callable[[int], str]  # token id -> its text
+STATUSES = ("waiting", "running", "done", "stopped", "error")
 
 LANE_TITLES = {"autoregressive": "Autoregressive (reference)", "speculative": "Speculative decoding",
                "diffusion": "Masked diffusion"}
@@ -51,8 +52,11 @@ class LaneView:
     max_new_tokens: int
     block_length: int | None = None  # diffusion: None means one block
     clock_s: float = 0.0  # decoder time shown in the header
-    status: str = "running"  # "waiting" | "running" | "done"
+    status: str = "running"  # one of STATUSES
     detail: str = ""  # e.g. "model drafter, γ=4"
+    note: str = ""  # one line under the header: decode progress, an error, why a lane waits
+    progress: float | None = None  # 0..1 while the decoder runs alone (a bar instead of tokens)
+    total_steps: int | None = None  # steps of the finished decode (the narration says "step i of n")
 
 
 def token_piece(tokenizer: Any) -> Piece:
@@ -107,9 +111,8 @@ def _chip(piece: str, state: str, title: str, extra_class: str = "", style: str 
     css, marker, _ = MARKS[state]
     mark = f'<span class="mk">{marker}</span>' if marker else ""
     style_attr = f' style="{style}"' if style else ""
-    brk = "<br>" if "\n" in piece and state not in ("mask", "new", "revealed") else ""
     return (f'<span class="tok {css}{extra_class}" title="{html.escape(title, quote=True)}"{style_attr}>'
-            f"{visible_html(piece)}{mark}</span>{brk}")
+            f"{visible_html(piece)}{mark}</span>")
 
 
 def legend_html(methods: Sequence[str] = ("autoregressive", "speculative", "diffusion")) -> str:
@@ -122,7 +125,7 @@ def legend_html(methods: Sequence[str] = ("autoregressive", "speculative", "diff
     items = []
     for state in states:
         css, marker, words = MARKS[state]
-        sample = "MASK" if state == "mask" else "tok"
+        sample = "" if state == "mask" else "tok"
         mark = f'<span class="mk">{marker}</span>' if marker else ""
         items.append(f'<span class="legend-item"><span class="tok {css}">{sample}{mark}</span> '
                      f"{html.escape(words)}</span>")
@@ -150,29 +153,37 @@ def _autoregressive_body(view: LaneView) -> str:
     return "".join(chips)
 
 
-def _verification_chips(proposal: Proposal | None, ver: Verification, piece: Piece) -> list[str]:
+def _verification_chips(proposal: Proposal | None, ver: Verification, piece: Piece) -> tuple[list[str], list[str]]:
+    """(kept, dropped): the tokens the step appended, and the drafts it rejected or discarded."""
     drafted = proposal.tokens if proposal is not None else ()
-    kept = len(ver.emitted)
-    chips = []
+    kept_n = len(ver.emitted)
+    kept, dropped = [], []
     for check in ver.checks:
         numbers = f"p = {check.p:.3f} · q = {check.q:.3f} · min(1, p/q) = {check.accept_prob:.3f}"
-        if check.accepted and check.position < kept:
-            chips.append(_chip(piece(check.token), "accepted", f"draft {check.position + 1} accepted · {numbers}"))
+        if check.accepted and check.position < kept_n:
+            kept.append(_chip(piece(check.token), "accepted", f"draft {check.position + 1} accepted · {numbers}"))
         elif check.accepted:
-            chips.append(_chip(piece(check.token), "discarded", f"accepted but cut (EOS / length) · {numbers}"))
+            dropped.append(_chip(piece(check.token), "discarded", f"accepted but cut (EOS / length) · {numbers}"))
         else:
-            chips.append(_chip(piece(check.token), "rejected", f"draft {check.position + 1} rejected · {numbers}"))
+            dropped.append(_chip(piece(check.token), "rejected", f"draft {check.position + 1} rejected · {numbers}"))
     for i in range(len(ver.checks), len(drafted)):
-        chips.append(_chip(piece(drafted[i]), "discarded", f"draft {i + 1}: after a rejection, never checked"))
-    if kept == ver.accepted + 1:
+        dropped.append(_chip(piece(drafted[i]), "discarded", f"draft {i + 1}: after a rejection, never checked"))
+    if kept_n == ver.accepted + 1:
         if ver.resampled is not None:
-            chips.append(_chip(piece(ver.resampled), "resampled", "drawn by the target from norm(max(0, p − q))"))
+            kept.append(_chip(piece(ver.resampled), "resampled", "drawn by the target from norm(max(0, p − q))"))
         elif ver.bonus is not None and drafted:
             title = "bonus: drawn from the target's next distribution (all drafts accepted)"
-            chips.append(_chip(piece(ver.bonus), "bonus", title))
+            kept.append(_chip(piece(ver.bonus), "bonus", title))
         elif ver.bonus is not None:  # nothing was drafted (e.g. no n-gram match): a plain target token
-            chips.append(_chip(piece(ver.bonus), "target", "target token (nothing drafted this step)"))
-    return chips
+            kept.append(_chip(piece(ver.bonus), "target", "target token (nothing drafted this step)"))
+    return kept, dropped
+
+
+def _step_box(kept: list[str], dropped: list[str], title: str, extra: str = "") -> str:
+    """One verify step: the kept tokens flow on top, the rejected/discarded drafts in a small row under them."""
+    under = f'<span class="dropped">{"".join(dropped)}</span>' if dropped else ""
+    return (f'<span class="step{extra}" title="{html.escape(title, quote=True)}">'
+            f'<span class="kept">{"".join(kept) or "&#8203;"}</span>{under}</span>')
 
 
 def _speculative_body(view: LaneView) -> str:
@@ -182,14 +193,15 @@ def _speculative_body(view: LaneView) -> str:
             proposal = e
         elif isinstance(e, Verification):
             passes += 1
-            parts.append(f'<span class="stepsep" title="target pass {passes}: kept {len(e.emitted)} '
-                         f'token(s)"></span>')
-            parts += _verification_chips(proposal, e, view.piece)
+            kept, dropped = _verification_chips(proposal, e, view.piece)
+            parts.append(_step_box(kept, dropped, f"target pass {passes}: kept {len(e.emitted)} token(s)"))
             proposal = None
     if proposal is not None:  # drafted, not yet verified
-        parts.append('<span class="stepsep"></span>')
-        parts += [_chip(view.piece(tok), "pending", f"draft {i + 1} · q = {q:.3f} (waiting for the target)")
-                  for i, (tok, q) in enumerate(zip(proposal.tokens, proposal.q, strict=True))]
+        pending = [_chip(view.piece(tok), "pending", f"draft {i + 1} · q = {q:.3f} (waiting for the target)")
+                   for i, (tok, q) in enumerate(zip(proposal.tokens, proposal.q, strict=True))]
+        parts.append(_step_box(pending, [], "drafted, waiting for the target's pass", " pending"))
+    if parts:  # the latest step is the one the narration talks about
+        parts[-1] = parts[-1].replace('<span class="step', '<span class="step last', 1)
     return "".join(parts)
 
 
@@ -218,7 +230,7 @@ def _diffusion_body(view: LaneView) -> str:
             cells.append(f'<div class="block" title="block {pos // block + 1}">'
                          f'<span class="blocklabel">block {pos // block + 1}</span>')
         if cell is None:
-            cells.append(f'<span class="tok mask" title="position {pos + 1}: masked">MASK</span>')
+            cells.append(f'<span class="tok mask" title="position {pos + 1}: [MASK]"></span>')
             continue
         tok, conf, step = cell
         state = "new" if step == last_step else "revealed"
@@ -266,34 +278,50 @@ def _header(view: LaneView, counts: dict[str, Any]) -> str:
         bits.append(f"<span>acceptance {rate:.0%}</span>" if rate is not None else "<span>acceptance –</span>")
     if view.method == "diffusion":
         bits.append(f'<span class="masks-left">{counts["masks_left"]} / {view.max_new_tokens} masks left</span>')
-    status = {"waiting": "waiting its turn", "running": "running", "done": "done"}[view.status]
     detail = f' <span class="detail">{html.escape(view.detail)}</span>' if view.detail else ""
     return (f'<div class="lane-head"><div class="lane-title">{LANE_TITLES[view.method]}{detail}'
-            f' <span class="status">{status}</span></div><div class="lane-stats">{" · ".join(bits)}</div></div>')
+            f' <span class="status">{STATUS_TEXT[view.status]}</span></div>'
+            f'<div class="lane-stats">{" · ".join(bits)}</div></div>')
+
+
+STATUS_TEXT = {"waiting": "waiting", "running": "running", "done": "done", "stopped": "stopped", "error": "error"}
+
+
+def _progress_html(view: LaneView) -> str:
+    """While the decoder runs alone: a bar and how far it is (no tokens: they play on the shared clock)."""
+    share = max(0.0, min(1.0, view.progress or 0.0))
+    return (f'<div class="decoding" role="progressbar" aria-valuenow="{share * 100:.0f}" aria-valuemin="0" '
+            f'aria-valuemax="100"><div class="bar" style="width:{share * 100:.1f}%"></div></div>')
 
 
 def lane_html(view: LaneView) -> str:
-    """One lane: header (clock, passes, tokens per pass) and body at the events given."""
+    """One lane: header (clock, passes, tokens per pass), a note, and the body at the events given."""
+    if view.status not in STATUSES:
+        raise ValueError(f"unknown lane status {view.status!r}")
     counts = lane_counts(view.method, view.events, view.max_new_tokens)
     body = {"autoregressive": _autoregressive_body, "speculative": _speculative_body,
             "diffusion": _diffusion_body}[view.method](view)
-    prompt = _prompt_html(view.prompt) if view.method != "diffusion" else ""
     if view.method == "diffusion":
         prompt = f'<div class="prompt-line">{_prompt_html(view.prompt)}</div>'
-    waiting = ""
-    if view.status == "waiting":
-        waiting = '<div class="waiting">runs after the lanes before it, so each is timed alone</div>'
+    else:
+        prompt = _prompt_html(view.prompt)
+    progress = _progress_html(view) if view.progress is not None else ""
+    note = f'<div class="note">{html.escape(view.note)}</div>' if view.note else ""
     masks = f' data-masks-left="{counts["masks_left"]}"' if view.method == "diffusion" else ""
-    return (f'<section class="lane lane-{view.method}" data-method="{view.method}" data-status="{view.status}"'
-            f' data-tokens="{counts["tokens"]}"{masks}>{_header(view, counts)}'
-            f'<div class="lane-body">{prompt}{body}</div>{waiting}</section>')
+    # the body scrolls inside a bounded height; its inner box keeps the newest tokens in view
+    return (f'<section class="lane lane-{view.method}" data-lane="{view.method}" data-method="{view.method}"'
+            f' data-status="{view.status}" data-tokens="{counts["tokens"]}"{masks}>{_header(view, counts)}'
+            f'{note}{progress}<div class="lane-body"><div class="lane-inner">{prompt}{body}</div></div></section>')
 
 
-def lanes_html(lanes: Sequence[str], methods: Sequence[str], caption: str = "") -> str:
-    """Lanes side by side (one column each) under the legend."""
+def lanes_html(lanes: Sequence[str], methods: Sequence[str], caption: str = "", narration: str = "",
+               below: str = "") -> str:
+    """Lanes side by side (one column each) under the legend; the narration beside them; ``below``
+    (the live mini-plots) under them."""
     cap = f'<div class="frame-caption">{html.escape(caption)}</div>' if caption else ""
+    story = f'<aside class="narration" id="narration" aria-live="polite">{narration}</aside>' if narration else ""
     return (f'<div class="explorer-frame" style="--lanes:{max(1, len(lanes))}">{legend_html(methods)}'
-            f'<div class="lanes">{"".join(lanes)}</div>{cap}</div>')
+            f'<div class="stage"><div class="lanes">{"".join(lanes)}</div>{story}</div>{cap}{below}</div>')
 
 
 # ----------------------------------------------------------------------------------------------
@@ -309,15 +337,23 @@ def events_until(trace: Trace, at_s: float) -> list[Event]:
     return trace.events[: bisect.bisect_right(event_offsets(trace), at_s)]
 
 
-def trace_view(trace: Trace, piece: Piece, at_s: float | None = None, detail: str = "") -> LaneView:
-    """A finished trace as a lane, at replay time ``at_s`` (None: the end)."""
+def trace_view(trace: Trace, piece: Piece, at_s: float | None = None, detail: str = "",
+               unfinished: str = "running") -> LaneView:
+    """A finished trace as a lane, at replay time ``at_s`` (None: the end); a lane not finished at
+    ``at_s`` gets the status ``unfinished`` ("running" while playing, "stopped" on a paused frame)."""
     wall = float(trace.stats["wall_s"])
     at = wall if at_s is None else max(0.0, at_s)
     events = trace.events if at >= wall else events_until(trace, at)
     cfg = trace.config
     return LaneView(trace.method, events, trace.prompt, piece, int(cfg["max_new_tokens"]),
-                    cfg.get("block_length"), clock_s=min(at, wall), status="done" if at >= wall else "running",
-                    detail=detail or lane_detail(trace.method, cfg))
+                    cfg.get("block_length"), clock_s=min(at, wall), status="done" if at >= wall else unfinished,
+                    detail=detail or lane_detail(trace.method, cfg), total_steps=total_steps(trace))
+
+
+def total_steps(trace: Trace) -> int | None:
+    """Verify steps (speculative) or refinement steps (diffusion) of a finished trace; None for AR."""
+    kind = {"speculative": Verification, "diffusion": RefinementStep}.get(trace.method)
+    return sum(isinstance(e, kind) for e in trace.events) if kind else None
 
 
 def lane_detail(method: str, config: dict[str, Any]) -> str:
@@ -341,3 +377,186 @@ def next_event_time(traces: Sequence[Trace], at_s: float, backwards: bool = Fals
         return shown[-2] if len(shown) >= 2 else 0.0
     later = [t for t in times if t > at_s + 1e-9]
     return later[0] if later else (times[-1] if times else 0.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# narration: what the latest step of each lane did, in words
+
+def _quote(piece: str) -> str:
+    return f"<code>{visible_html(piece)}</code>"
+
+
+def _quotes(pieces: Sequence[str]) -> str:
+    return " ".join(_quote(p) for p in pieces) or "nothing"
+
+
+def _narrate_speculative(view: LaneView) -> str:
+    proposal, last, passes = None, None, 0
+    for e in view.events:
+        if isinstance(e, Proposal):
+            proposal, last = e, None
+        elif isinstance(e, Verification):
+            passes, last = passes + 1, e
+    of = f" of {view.total_steps}" if view.total_steps else ""
+    if proposal is None and last is None:
+        return "No step yet: the target reads the prompt (prefill), then the drafter proposes."
+    drafts = [view.piece(t) for t in proposal.tokens] if proposal is not None else []
+    if last is None:  # drafted, not yet checked
+        if not drafts:
+            return f"Step {passes + 1}{of}: the drafter found nothing to propose; the target makes one token alone."
+        return (f"Step {passes + 1}{of}: the {html.escape(proposal.drafter)} drafter proposed {_quotes(drafts)}; "
+                f"the target will check all {len(drafts)} in <b>one</b> pass.")
+    said = [f"the drafter proposed {_quotes(drafts)}; the target checked them in one pass"] if drafts else []
+    kept = [c for c in last.checks if c.accepted and c.position < len(last.emitted)]
+    sure = [view.piece(c.token) for c in kept if c.accept_prob >= 1]
+    if sure:
+        said.append(f"{_quotes(sure)} kept because p ≥ q")
+    said += [f"{_quote(view.piece(c.token))} kept: p/q = {c.accept_prob:.2f} and the coin said yes"
+             for c in kept if c.accept_prob < 1]
+    said += [f"{_quote(view.piece(c.token))} <b>rejected</b>: p/q = {c.accept_prob:.2f} and the coin said no"
+             for c in last.checks if not c.accepted]
+    rejection = any(not c.accepted for c in last.checks)
+    if len(drafts) > len(last.checks):
+        why = "they came after the rejection" if rejection else "the output was already long enough"
+        said.append(f"{_quotes(drafts[len(last.checks):])} discarded unchecked ({why})")
+    if last.resampled is not None:
+        said.append(f"a new token {_quote(view.piece(last.resampled))} drawn from max(0, p − q)")
+    elif last.bonus is not None and drafts and len(last.checks) < len(drafts):
+        said.append(f"the same pass gives the target's own next token {_quote(view.piece(last.bonus))}")
+    elif last.bonus is not None and drafts:
+        said.append(f"every draft passed, so the same pass adds a bonus token {_quote(view.piece(last.bonus))}")
+    elif last.bonus is not None:
+        said.append(f"nothing was drafted: the target made {_quote(view.piece(last.bonus))} alone")
+    return f"Step {passes}{of}: " + "; ".join(said) + f". {len(last.emitted)} token(s) added for one target pass."
+
+
+def _narrate_diffusion(view: LaneView) -> str:
+    steps = [e for e in view.events if isinstance(e, RefinementStep)]
+    of = f" of {view.total_steps}" if view.total_steps else ""
+    if not steps:
+        return f"All {view.max_new_tokens} positions start as [MASK]; each pass predicts every mask at once."
+    e = steps[-1]
+    how = "most confident" if "random" not in view.detail else "randomly chosen"
+    if "threshold" in view.detail:
+        how = "confident enough (above the threshold)"
+    shown = list(zip(e.positions, e.tokens, e.confidences, strict=True))[:6]
+    items = ", ".join(f"{_quote(view.piece(t))} (position {p + 1}, confidence {c:.2f})" for p, t, c in shown)
+    more = f" and {len(e.positions) - len(shown)} more" if len(e.positions) > len(shown) else ""
+    return (f"Step {e.step + 1}{of} (block {e.block + 1}): one pass predicted every mask; the {len(e.positions)} "
+            f"{how} were revealed: {items}{more}. {e.masks_left} masks left.")
+
+
+def _narrate_autoregressive(view: LaneView) -> str:
+    steps = [e for e in view.events if isinstance(e, TokenStep)]
+    if not steps:
+        return "One target pass per token: nothing yet."
+    e = steps[-1]
+    return f"Token {e.step + 1}: {_quote(view.piece(e.token))} (p = {e.p:.2f}), one target pass for one token."
+
+
+def narration_html(views: Sequence[LaneView]) -> str:
+    """A plain-language account of each lane's latest step (the replay's narration)."""
+    narrate = {"autoregressive": _narrate_autoregressive, "speculative": _narrate_speculative,
+               "diffusion": _narrate_diffusion}
+    items = []
+    for view in views:
+        if view.progress is not None or view.status == "waiting" and not view.events:
+            text = "Decoding alone, timed; it plays on the shared clock once every lane is decoded."
+        elif view.status == "error":
+            text = html.escape(view.note or "this lane failed")
+        else:
+            text = narrate[view.method](view)
+        items.append(f'<p class="narr narr-{view.method}" data-lane="{view.method}"><b>{LANE_TITLES[view.method]}.'
+                     f"</b> {text}</p>")
+    return f'<div class="narr-title">What just happened</div>{"".join(items)}'
+
+
+# ----------------------------------------------------------------------------------------------
+# live mini-plots under the lanes: plain SVG, redrawn with every frame (a plotly redraw per frame would
+# stall the page on a slow machine); the full plotly figures follow at the end of the run
+
+LANE_COLOURS = {"autoregressive": "#6b7280", "speculative": "#16a34a", "diffusion": "#0891b2"}
+_W, _H, _PAD = 240, 84, 4
+
+
+def _svg(title: str, body: str, note: str) -> str:
+    return (f'<figure class="mini"><figcaption>{html.escape(title)}</figcaption>'
+            f'<svg viewBox="0 0 {_W} {_H}" width="100%" height="{_H}" role="img" aria-label="{html.escape(title)}">'
+            f'<rect x="0" y="0" width="{_W}" height="{_H}" class="mini-bg"/>{body}</svg>'
+            f'<div class="mini-note">{html.escape(note)}</div></figure>')
+
+
+def _xy(x: float, y: float) -> str:
+    return f"{_PAD + x * (_W - 2 * _PAD):.1f},{_H - _PAD - y * (_H - 2 * _PAD):.1f}"
+
+
+def _emitted(e: Event) -> int:
+    if isinstance(e, TokenStep):
+        return 1
+    if isinstance(e, Verification):
+        return len(e.emitted)
+    if isinstance(e, RefinementStep):
+        return len(e.positions)
+    return 0
+
+
+def live_plots_html(views: Sequence[LaneView], starts: dict[str, float], end_s: float) -> str:
+    """Three small plots of the events shown so far: running acceptance, acceptance by draft position,
+    and tokens against the shared clock per lane (its slope is the speed; the first step is TTFT)."""
+    spec = next((v for v in views if v.method == "speculative"), None)
+    # 1. running acceptance (accepted / proposed after each verify step)
+    rates, proposed, accepted, drafted = [], 0, 0, 0
+    for e in spec.events if spec else ():
+        if isinstance(e, Proposal):
+            drafted = len(e.tokens)
+        elif isinstance(e, Verification):
+            proposed, accepted = proposed + drafted, accepted + e.accepted
+            rates.append(accepted / proposed if proposed else 0.0)
+    if rates:
+        pts = " ".join(_xy(i / max(1, len(rates) - 1), r) for i, r in enumerate(rates))
+        body = f'<polyline points="{pts}" fill="none" stroke="{LANE_COLOURS["speculative"]}" stroke-width="2"/>'
+        note = f"{rates[-1]:.0%} after {len(rates)} verify steps"
+    else:
+        body, note = "", "appears as the speculative lane verifies drafts"
+    out = [_svg("Running acceptance (accepted / proposed)", body, note)]
+    # 2. acceptance by draft position
+    checked: dict[int, list[int]] = {}
+    for e in spec.events if spec else ():
+        if isinstance(e, Verification):
+            for c in e.checks:
+                checked.setdefault(c.position, []).append(int(c.accepted))
+    bars = []
+    if checked:
+        n = max(checked) + 1
+        width = (_W - 2 * _PAD) / n
+        for pos in range(n):
+            got = checked.get(pos, [])
+            share = sum(got) / len(got) if got else 0.0
+            h = share * (_H - 2 * _PAD)
+            bars.append(f'<rect x="{_PAD + pos * width + 1:.1f}" y="{_H - _PAD - h:.1f}" width="{width - 2:.1f}" '
+                        f'height="{h:.1f}" fill="{LANE_COLOURS["speculative"]}"><title>draft {pos + 1}: '
+                        f'{sum(got)}/{len(got)} accepted</title></rect>')
+        note = " · ".join(f"{p + 1}: {sum(v) / len(v):.0%}" for p, v in sorted(checked.items())[:6])
+    else:
+        note = "appears as drafts are checked"
+    out.append(_svg("Acceptance by draft position", "".join(bars), note))
+    # 3. tokens against the shared clock (latency)
+    lines, finals = [], []
+    for v in views:
+        start = starts.get(v.method)
+        if start is None:
+            continue
+        total, pts = 0, [_xy(0, 0)]
+        for e in v.events:
+            k = _emitted(e)
+            if k:
+                x = min(1.0, (e.t - start) / end_s) if end_s > 0 else 0.0
+                pts.append(_xy(x, total / max(1, v.max_new_tokens)))
+                total += k
+                pts.append(_xy(x, total / max(1, v.max_new_tokens)))
+        lines.append(f'<polyline points="{" ".join(pts)}" fill="none" stroke="{LANE_COLOURS[v.method]}" '
+                     f'stroke-width="2"><title>{v.method}</title></polyline>')
+        finals.append(f"{v.method[:4]} {total}")
+    note = " · ".join(finals) + f" tokens, clock to {end_s * 1e3:.0f} ms" if finals else "appears as lanes play"
+    out.append(_svg("Tokens over the shared clock (slope = speed)", "".join(lines), note))
+    return f'<div class="live-plots" id="live-plots">{"".join(out)}</div>'

@@ -50,9 +50,47 @@ def test_token_and_prompt_text_is_escaped_everywhere():
     assert re.search(r'title="[^"<>]*"', out)  # hover text stays inside its attribute
 
 
-def test_newline_token_breaks_the_line():
+def test_a_newline_is_a_mark_and_never_breaks_the_lane():
     out = render.lane_html(render.LaneView("autoregressive", [TokenStep(1.0, 0, 3, 1.0, 0.01)], "p", piece, 4))
-    assert "↵" in out and "<br>" in out
+    assert "↵" in out and "<br>" not in out
+    proposal = Proposal(1.0, 0, "model", 3, (3, 3, 3), (0.4, 0.3, 0.2), 0.01, 3)
+    rejected = verification(0, [check(0, 3, False, p=0.1, q=0.4)], 0, (1,), resampled=1)
+    out = render.lane_html(spec_view([proposal, rejected]))
+    assert "<br>" not in out and out.count("↵") == 3
+
+
+def test_rejected_drafts_sit_in_a_small_row_under_their_step():
+    proposal = Proposal(1.0, 0, "model", 4, (1, 2, 4, 7), (0.4, 0.3, 0.2, 0.1), 0.01, 4)
+    ver = verification(0, [check(0, 1, True), check(1, 2, False, p=0.1, q=0.5)], 1, (1, 5), resampled=5)
+    out = render.lane_html(spec_view([proposal, ver]))
+    kept, dropped = out.split('class="kept"')[1].split('class="dropped"')
+    assert 'tok acc' in kept and 'tok res' in kept and 'tok rej' not in kept
+    assert 'tok rej' in dropped and dropped.count('tok skip') == 2 and 'tok acc' not in dropped
+
+
+def test_narration_names_the_tokens_of_the_latest_step():
+    proposal = Proposal(1.0, 0, "model", 3, (1, 2, 7), (0.4, 0.3, 0.2), 0.01, 3)
+    ver = verification(0, [check(0, 1, True, p=0.5, q=0.4), check(1, 2, False, p=0.1, q=0.5)], 1, (1, 4),
+                       resampled=4)
+    view = render.LaneView("speculative", [proposal, ver], "p", piece, 16, total_steps=6)
+    text = render.narration_html([view])
+    assert "Step 1 of 6" in text and "<code>a</code> kept because p ≥ q" in text
+    assert "<code><span class=\"ws\">·</span>b</code> <b>rejected</b>: p/q = 0.20" in text
+    assert "<code>z</code> discarded unchecked" in text and "max(0, p − q)" in text
+    assert "&lt;script&gt;" in text and "<script>" not in text  # the resampled token is escaped
+    pending = render.narration_html([render.LaneView("speculative", [proposal], "p", piece, 16)])
+    assert "will check all 3 in <b>one</b> pass" in pending
+    steps = [RefinementStep(1.0, 0, 0, (0, 3), (1, 2), (0.9, 0.2), 6, 0.01)]
+    diff = render.narration_html([render.LaneView("diffusion", steps, "p", piece, 8, total_steps=4)])
+    assert "Step 1 of 4" in diff and "the 2 most confident were revealed" in diff and "6 masks left" in diff
+
+
+def test_every_lane_carries_its_hooks_and_a_known_status():
+    for status in render.STATUSES:
+        out = render.lane_html(render.LaneView("diffusion", [], "p", piece, 8, status=status))
+        assert 'data-lane="diffusion"' in out and f'data-status="{status}"' in out
+    with pytest.raises(ValueError):
+        render.lane_html(render.LaneView("diffusion", [], "p", piece, 8, status="paused"))
 
 
 def test_speculative_marks_pending_then_verdicts():

@@ -1,6 +1,7 @@
 """The app through its public API (gradio_client), and the handlers the buttons call."""
 
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -11,15 +12,16 @@ from gradio_client import Client, handle_file
 
 import explorer
 from explorer import ui
-from explorer.events import Proposal
 from explorer.loadtest import start_app
 
 PROMPT = "def parse(line):"
 LANES = ["autoregressive", "speculative", "diffusion"]
-# prompt, preset, lanes, max_new_tokens, temperature, top_p, seed, drafter, gamma, adaptive_gamma,
-# steps, block_length, remasking, threshold
+# prompt, preset, lanes, then ui.Settings in field order: max_new_tokens, temperature, top_p, seed, drafter,
+# gamma, adaptive_gamma, tokens_per_step (N/K), blocks (N / block length), remasking, threshold, flags;
+# then the playback speed (1 = real time)
 RESULT = 2  # /run outputs: frame, run table, token ids per lane, model info, figures ..., replay scrubber
-RUN_ARGS = (PROMPT, "random-tiny", LANES, 32, 0.0, 1.0, 0, "model", 4, False, 16, 16, "low_confidence", 0.0)
+SETTINGS = (32, 0.0, 1.0, 0, "model", 4, False, 2, 2, "low_confidence", 0.0, list(ui.FLAG_FIELDS))
+RUN_ARGS = (PROMPT, "random-tiny", LANES, *SETTINGS, 1.0)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +49,7 @@ def test_run_streams_frames_and_ends_with_the_decode_token_ids(client, random_mo
         "speculative": explorer.decode("speculative", random_models, PROMPT, max_new_tokens=32, seed=0, gamma=4,
                                        drafter="model"),
         "diffusion": explorer.decode("diffusion", random_models, PROMPT, max_new_tokens=32, seed=0, steps=16,
-                                     block_length=16, remasking="low_confidence"),
+                                     block_length=16, remasking="low_confidence"),  # N/2 steps, blocks of N/2
     }
     for method, trace in expected.items():
         assert result[method]["token_ids"] == trace.token_ids, method
@@ -57,9 +59,8 @@ def test_run_streams_frames_and_ends_with_the_decode_token_ids(client, random_mo
 
 
 def test_bad_input_gives_one_clear_message_and_the_app_keeps_serving(client):
-    bad = (RUN_ARGS[0], *RUN_ARGS[1:3], 30, *RUN_ARGS[4:])  # 30 is no multiple of block length 16
-    with pytest.raises(Exception, match="must be a multiple of block_length"):
-        client.predict(*bad, api_name="/run")
+    with pytest.raises(Exception, match="control character"):
+        client.predict("def f():\x07", *RUN_ARGS[1:], api_name="/run")
     with pytest.raises(Exception, match="the prompt is empty"):
         client.predict("   ", *RUN_ARGS[1:], api_name="/run")
     ok = client.predict(PROMPT, "random-tiny", ["speculative"], 8, *RUN_ARGS[4:], api_name="/run")
@@ -67,8 +68,8 @@ def test_bad_input_gives_one_clear_message_and_the_app_keeps_serving(client):
 
 
 def test_measure_repeats_and_summarizes(client):
-    args = (PROMPT, None, 3, "random-tiny", ["autoregressive", "speculative"], 8, *RUN_ARGS[4:])
-    status, summary, *_ = client.predict(*args, api_name="/measure")
+    args = (PROMPT, None, 3, "random-tiny", ["autoregressive", "speculative"], 8, *SETTINGS[1:])
+    status, summary, per_prompt, *_ = client.predict(*args, api_name="/measure")
     assert "6 decodes" in status
     rows = summary["data"] if isinstance(summary, dict) else summary
     assert len(rows) == 2
@@ -80,11 +81,11 @@ def test_measure_repeats_and_summarizes(client):
 def test_uploaded_workload_runs_every_prompt(client, tmp_path):
     prompts = tmp_path / "traffic.jsonl"
     prompts.write_text('{"prompt": "def a(x):"}\n{"prompt": "class B:"}\n', encoding="utf-8")
-    args = ("", handle_file(str(prompts)), 2, "random-tiny", ["autoregressive"], 8, *RUN_ARGS[4:])
+    args = ("", handle_file(str(prompts)), 2, "random-tiny", ["autoregressive"], 8, *SETTINGS[1:])
     status, summary, *_ = client.predict(*args, api_name="/workload")
     assert status.startswith("Done: 4 decodes")  # 2 prompts × 2 repeats × 1 lane
     with pytest.raises(Exception, match="upload a prompt file first"):
-        client.predict("", None, 1, "random-tiny", ["autoregressive"], 8, *RUN_ARGS[4:], api_name="/workload")
+        client.predict("", None, 1, "random-tiny", ["autoregressive"], 8, *SETTINGS[1:], api_name="/workload")
 
 
 def test_prompt_file_is_bounded_and_parsed(tmp_path):
@@ -117,10 +118,13 @@ def test_replay_steps_through_the_finished_traces(random_models):
     traces = {m: explorer.decode(m, random_models, PROMPT, max_new_tokens=8, steps=4, block_length=8) for m in LANES}
     current = {"traces": traces, "pieces": {m: str for m in LANES}}
     html, at = ui.replay_step(current, 0.0)
-    assert at > 0 and 'data-status="running"' in html
+    assert at > 0 and 'data-status="stopped"' in html  # a still frame: nothing runs, nothing says "running"
+    assert 'data-status="running"' not in html
+    typed = ui.replay_at(current, 1e9)  # a time typed into the scrubber's box, beyond the end: clamped
+    assert typed.count('data-status="done"') == 3
     html, back = ui.replay_step(current, at, backwards=True)
     assert back < at
-    frames = list(ui.replay_play(current, 0.0, slow_motion=1))
+    frames = list(ui.replay_play(current, 0.0, speed=1))
     assert frames[-1][0].count('data-status="done"') == 3
     files = ui.export_traces(list(traces.values()))
     assert files[0].endswith(".csv") and files[1].endswith(".json")
@@ -134,24 +138,15 @@ def test_greedy_note_points_at_the_first_difference(random_models):
     assert "differ from token 4 on (float32: unexpected" in ui.greedy_note({"autoregressive": ar, "speculative": spec})
 
 
-def test_a_finished_decode_plays_back_in_bounded_frames(random_models, monkeypatch):
-    monkeypatch.setattr(ui, "FRAME_INTERVAL_S", 0.0)
-    options = ui.Settings(max_new_tokens=64).options("speculative")
-    frames = list(ui.animate_decode("speculative", random_models, PROMPT, options))
-    assert len(frames) <= ui.PLAYBACK_FRAMES + 1
-    assert frames[-1][2] is not None and all(trace is None for _, _, trace in frames[:-1])
-    assert frames[-1][2].token_ids == explorer.decode("speculative", random_models, PROMPT, **options).token_ids
-    sizes = [len(events) for events, _, _ in frames]
-    assert sizes == sorted(sizes) and sizes[-1] == len(frames[-1][2].events)
-    assert any(isinstance(events[-1], Proposal) for events, _, _ in frames[:-1])  # pending drafts get shown
-
-
-def test_a_slow_decode_shows_live_frames_and_stops_when_closed(random_models, monkeypatch):
-    monkeypatch.setattr(ui, "LIVE_AFTER_S", 0.0)
-    monkeypatch.setattr(ui, "LIVE_FRAME_INTERVAL_S", 0.0)
-    gen = ui.animate_decode("autoregressive", random_models, PROMPT, ui.Settings(max_new_tokens=256).options("x"))
+def test_decode_alone_reports_progress_then_the_trace_and_stops_when_closed(random_models, monkeypatch):
+    monkeypatch.setattr(ui, "PROGRESS_INTERVAL_S", 0.0)
+    options = ui.Settings(max_new_tokens=16).options("speculative")
+    items = list(ui.decode_alone("speculative", random_models, PROMPT, options))
+    assert items[-1][2] is not None and all(trace is None for _, _, trace in items[:-1])
+    assert items[-1][2].token_ids == explorer.decode("speculative", random_models, PROMPT, **options).token_ids
+    gen = ui.decode_alone("autoregressive", random_models, PROMPT, ui.Settings(max_new_tokens=256).options("x"))
     events, clock, trace = next(gen)
-    assert trace is None  # a live frame while the decoder runs
+    assert trace is None  # a progress item while the decoder runs
     gen.close()  # what Stop does
     deadline = time.perf_counter() + 10
     while any(t.name == "decode-autoregressive" for t in threading.enumerate()) and time.perf_counter() < deadline:
@@ -159,9 +154,62 @@ def test_a_slow_decode_shows_live_frames_and_stops_when_closed(random_models, mo
     assert not any(t.name == "decode-autoregressive" for t in threading.enumerate())
 
 
+def test_run_plays_every_lane_together_with_live_plots(random_models, monkeypatch):
+    """Phase 1 shows only progress; in phase 2 the lanes move on one clock and the live plots with them."""
+    monkeypatch.setattr(ui, "FRAME_INTERVAL_S", 0.0)
+    monkeypatch.setattr(ui, "AUTO_PLAY_S", 3.0)
+    settings = ui.Settings(max_new_tokens=16)
+    outs = list(ui.run_lanes(PROMPT, "random-tiny", LANES, settings, 0.0, []))
+    frame_i = ui.RUN_OUTPUTS.index("frame")
+    frames = [o[frame_i] for o in outs]
+    phase1 = [f for f in frames if 'class="decoding"' in f]
+    assert phase1 and all(set(re.findall(r'data-tokens="(\d+)"', f)) == {"0"} for f in phase1)  # progress only
+    together = [f for f in frames if 'data-status="done"' not in f
+                and sum(int(n) > 0 for n in re.findall(r'data-tokens="(\d+)"', f)) >= 2]
+    assert together, "no frame showed two lanes with tokens before any lane was done"
+    minis = [f.split('id="live-plots"')[1] for f in together if 'id="live-plots"' in f]
+    assert len(set(minis)) >= 2, "the live plots under the lanes should change while the lanes play"
+    assert frames[-1].count('data-status="done"') == 3
+
+
+def test_every_max_new_tokens_value_is_valid_with_the_defaults():
+    """K and the block length follow N: every slider position (8..256 step 8) validates for every lane."""
+    models = ui.load_preset("tiny")
+    for n in range(8, 257, 8):
+        settings = ui.Settings(max_new_tokens=n)
+        assert ui._check_inputs(models, ui.EXAMPLES[0][0], list(LANES), settings) == list(LANES)
+        for per_step in ui.TOKENS_PER_STEP:
+            for blocks in ui.BLOCKS:
+                cfg = ui.make_config("diffusion", models, ui.Settings(n, tokens_per_step=per_step,
+                                                                     blocks=blocks).options("diffusion"))
+                assert cfg.diffusion_steps <= n
+
+
 def test_settings_map_to_decode_options():
-    s = ui.Settings(max_new_tokens=32, top_p=1.0, block_length=0, threshold=0.0, steps=8)
-    assert s.options("autoregressive") == {"max_new_tokens": 32, "temperature": 0.0, "top_p": None, "seed": 0}
+    s = ui.Settings(max_new_tokens=32, top_p=1.0, threshold=0.0, tokens_per_step=4, blocks=2)
+    assert s.options("autoregressive") == {"max_new_tokens": 32, "temperature": 0.0, "top_p": None, "seed": 0,
+                                           **{f: f in s.flags for f in ui.FLAG_FIELDS}}
     diffusion = s.options("diffusion", seed_offset=2)
-    assert diffusion["block_length"] is None and diffusion["threshold"] is None and diffusion["seed"] == 2
+    assert (diffusion["steps"], diffusion["block_length"]) == (8, 16)
+    assert diffusion["threshold"] is None and diffusion["seed"] == 2
     assert s.options("speculative")["drafter"] == "model"
+    assert ui.Settings.from_values([getattr(s, n) for n in ui.SETTING_NAMES]) == s
+
+
+def test_stop_and_errors_leave_every_lane_in_a_final_state(random_models, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(ui, "AUTO_PLAY_S", 0.1)
+    monkeypatch.setattr(explorer, "stream", lambda method, *a, **k: broken() if method == "diffusion"
+                        else _real_stream(method, *a, **k))
+    outs = []
+    with pytest.raises(gr.Error, match="boom"):
+        for out in ui.run_lanes(PROMPT, "random-tiny", LANES, ui.Settings(max_new_tokens=8), 0.0, []):
+            outs.append(out)
+    last = outs[-1][0]
+    assert 'data-lane="diffusion"' in last and 'data-status="error"' in last.split('data-lane="diffusion"')[1][:80]
+    assert 'data-status="running"' not in last and 'data-status="waiting"' not in last
+
+
+_real_stream = explorer.stream
