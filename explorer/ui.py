@@ -494,7 +494,7 @@ def _build_settings(c: Controls) -> list[Any]:
     top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="top-p (1 = off)")
     seed = gr.Number(0, precision=0, label="seed")
     gr.Markdown("**Speculative**")
-    drafter = gr.Radio(["model", "prompt_lookup", "early_exit"], value="model", label="drafter")
+    drafter = gr.Radio(["model", "prompt_lookup", "early_exit", "diffusion"], value="model", label="drafter")
     gamma = gr.Slider(1, 16, value=4, step=1, label="γ (drafts per step)")
     adaptive = gr.Checkbox(False, label="adaptive γ (+2 after a full acceptance, −1 after a rejection)")
     gr.Markdown("**Diffusion**")

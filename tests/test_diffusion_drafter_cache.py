@@ -59,6 +59,24 @@ def test_greedy_speculative_with_diffusion_drafter_equals_autoregressive(random_
         assert accepted > 0, "the accept path must be exercised"
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_causal_denoiser_one_pass_per_token_drafts_what_the_model_drafter_drafts(aligned_models, temperature):
+    """A reference for the drafter's plumbing (positions, logit shift, prefix cache): with a causal model as
+    the denoiser and one pass per drafted token, it is the model drafter, draw for draw."""
+    for prompt, gamma in itertools.product(PROMPTS[:3], [2, 4]):
+        kw = dict(max_new_tokens=12, gamma=gamma, temperature=temperature, seed=3)
+        model = explorer.decode("speculative", aligned_models, prompt, drafter="model", **kw)
+        diffusion = explorer.decode("speculative", aligned_models, prompt, drafter="diffusion", draft_passes=gamma,
+                                    **kw)
+        assert diffusion.token_ids == model.token_ids
+        assert final_drafts(diffusion) == final_drafts(model)
+
+
+def final_drafts(trace):
+    """The complete draft of each step (a refining drafter's last Proposal of the step)."""
+    return list({e.step: e.tokens for e in trace.events if isinstance(e, explorer.events.Proposal)}.values())
+
+
 def test_refining_draft_yields_one_proposal_per_pass(random_models):
     trace = explorer.decode("speculative", random_models, "abc", max_new_tokens=9, gamma=4, drafter="diffusion",
                             draft_passes=2, temperature=0.8, seed=1)
