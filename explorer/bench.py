@@ -36,7 +36,7 @@ from transformers import DynamicCache
 
 import explorer
 from explorer.api import encode_prompt
-from explorer.config import CACHES, DRAFTERS, METHODS, DecodeConfig, validate
+from explorer.config import CACHES, DRAFTERS, METHODS, SWEEP_CACHE, DecodeConfig, validate
 from explorer.diffusion import resolve_cache
 from explorer.drafters import same_tokenizer
 from explorer.errors import ExplorerError
@@ -382,7 +382,7 @@ def diffusion_section(models: Models, sets: list[PromptSet], s: Settings, length
                       divisors: tuple[int, ...] = K_DIVISORS) -> tuple[Section, pd.DataFrame]:
     """Latency against output length N for AR, speculative and diffusion at K = N/d: the break-even plot."""
     gamma = s.gamma or models.preset.gamma
-    cache = resolve_cache(models.diffusion, s.cache) if models.diffusion is not None else "none"
+    cache = resolve_cache(models.diffusion, s.cache or SWEEP_CACHE) if models.diffusion is not None else "none"
     configs = []
     for n in lengths:
         opts = {"max_new_tokens": n}

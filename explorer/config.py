@@ -12,7 +12,10 @@ METHODS = ("autoregressive", "speculative", "diffusion")
 DRAFTERS = ("model", "prompt_lookup", "early_exit", "diffusion")
 REMASKING = ("low_confidence", "random")
 CACHES = ("none", "prefix", "dual")  # diffusion KV cache (Fast-dLLM, Wu et al. 2025, Sec. 3.1)
-DEFAULT_CACHE = "dual"  # used when cache is None and the diffusion model takes a KV cache (BENCHMARKS.md run 7)
+# The cache when the option is None. "dual" is the measured choice (BENCHMARKS.md run 7) but not yet the default:
+# with it the UI's race-replay browser test fails after the other browser tests (not understood yet).
+DEFAULT_CACHE = "none"
+SWEEP_CACHE = "dual"  # what the break-even sweep decodes with
 MAX_PROMPT_CHARS = 20_000
 
 

@@ -73,12 +73,15 @@ def _takes(model: nn.Module, argument: str) -> bool:
     return argument in inspect.signature(model.forward).parameters
 
 
+def takes_kv_cache(model: nn.Module) -> bool:
+    return type(model).__module__.startswith("transformers.") and _takes(model, "past_key_values")
+
+
 def resolve_cache(model: nn.Module, cache: str | None) -> str:
     """The cache a decode uses: the option, or (None) DEFAULT_CACHE where the model takes a KV cache and
     its code is transformers' own (remote-code denoisers, Dream and LLaDA, were never run here: none)."""
     if cache is None:
-        native = type(model).__module__.startswith("transformers.")
-        return DEFAULT_CACHE if native and _takes(model, "past_key_values") else "none"
+        return DEFAULT_CACHE if takes_kv_cache(model) else "none"
     if cache != "none" and not _takes(model, "past_key_values"):
         raise ExplorerError(f"cache {cache!r} needs a diffusion model that takes a KV cache (past_key_values); "
                             f"{type(model).__name__} does not: use cache 'none'")

@@ -17,7 +17,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from explorer.config import DecodeConfig
-from explorer.diffusion import denoise, resolve_cache, reveal_schedule
+from explorer.diffusion import denoise, resolve_cache, reveal_schedule, takes_kv_cache
 from explorer.errors import ExplorerError
 from explorer.models import Models, check_same_vocabulary, timed_forward
 from explorer.sampling import sample, warp_logits
@@ -176,7 +176,8 @@ def diffusion_drafter(models: Models, cfg: DecodeConfig) -> DiffusionDrafter:
     banned = [i for i in {mask, getattr(models.tokenizer, "pad_token_id", None)} if i is not None]
     return DiffusionDrafter(models.diffusion, mask, int(bool(models.diffusion_shift)), banned,
                             models.tokenizer.eos_token_id, cfg.draft_passes,
-                            resolve_cache(models.diffusion, cfg.cache) != "none")
+                            cfg.cache != "none" and takes_kv_cache(models.diffusion)
+                            and resolve_cache(models.diffusion, cfg.cache or "prefix") != "none")  # by default: cached
 
 
 def find_continuation(tokens: list[int], gamma: int, max_ngram: int) -> list[int]:
