@@ -30,3 +30,13 @@ $PY -m explorer bench --preset tiny --threads "$THREADS" --prompts high_temperat
 $PY -m explorer bench --preset tiny --threads "$THREADS" --prompts code --limit 16 --repeats 2 --max-new-tokens 64 \
     --gamma 1 --methods autoregressive,speculative --sweep bench,batch --peer \
     --csv "$OUT/gamma1.csv" --report "$OUT/gamma1.html"
+
+# 7. Issue 10: the diffusion KV cache (none / prefix / dual at N = 64, 128, 256, K = N/4, blocks of 32), the
+#    diffusion drafter against the model drafter and prompt lookup at gamma 2, 4, 8, and the break-even
+#    re-measured with the default cache.
+$PY -m explorer bench --preset tiny --threads "$THREADS" --prompts code --limit 3 --sweep cache \
+    --csv "$OUT/cache.csv"
+$PY -m explorer bench --preset tiny --threads "$THREADS" --prompts code,code_edit --limit 2 --max-new-tokens 64 \
+    --sweep drafter_gamma --csv "$OUT/drafter_gamma.csv"
+$PY -m explorer bench --preset tiny --threads "$THREADS" --prompts code --limit 3 --sweep diffusion --no-quality \
+    --csv "$OUT/breakeven_cache.csv" --report "$OUT/breakeven_cache.html"

@@ -112,11 +112,16 @@ def build_trace(method: str, models: Models, prompt: str, prompt_ids: list[int],
         stats["drafter"] = cfg.drafter
         stats["gamma"] = cfg.gamma
         stats["per_position_acceptance"] = [a / n for a, n in raw["per_position"]]
-    if method == "diffusion":
+    if method == "speculative" and cfg.drafter == "diffusion":
+        stats["draft_passes_per_proposal"] = cfg.draft_passes
+    if method == "diffusion":  # steps is the budget K; with a threshold the passes made are fewer
         stats.update(steps=cfg.diffusion_steps, block_length=cfg.diffusion_block_length,
-                     remasking=cfg.remasking, threshold=cfg.threshold)
+                     remasking=cfg.remasking, threshold=cfg.threshold, denoiser_passes=passes, cache=raw["cache"],
+                     fed_tokens_per_pass=raw["fed_tokens"] / passes if passes else None)
     if method == "diffusion" and models.diffusion_tokenizer is not models.tokenizer:
         stats["note"] = "the diffusion side uses a different model and tokenizer than the target"
     text = tokenizer.decode(tokens, skip_special_tokens=True)
     config = {"method": method, "preset": models.preset.name, **cfg.as_dict()}
+    if method == "diffusion":
+        config["cache"] = raw["cache"]  # the cache used (the option may be None: the default)
     return Trace(method, prompt, prompt_ids, tokens, text, stats, events, config, raw["t0"], raw["times"])

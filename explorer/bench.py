@@ -36,7 +36,9 @@ from transformers import DynamicCache
 
 import explorer
 from explorer.api import encode_prompt
-from explorer.config import DRAFTERS, METHODS, DecodeConfig, validate
+from explorer.config import CACHES, DRAFTERS, METHODS, SWEEP_CACHE, DecodeConfig, validate
+from explorer.diffusion import resolve_cache
+from explorer.drafters import same_tokenizer
 from explorer.errors import ExplorerError
 from explorer.events import Proposal, RefinementStep, TokenStep, Trace, Verification
 from explorer.metrics import PERCENTILES, inter_token_latencies, percentile, predicted_speedup, request_row, summarize
@@ -55,15 +57,18 @@ from explorer.report import (
 )
 from explorer.workload import PromptSet, ignoring_eos, load_prompt_sets, score_quality
 
-SWEEPS = ("bench", "gamma", "temperature", "drafter", "diffusion", "batch", "memory")
+SWEEPS = ("bench", "gamma", "temperature", "drafter", "drafter_gamma", "diffusion", "cache", "batch", "memory")
 METHOD_OPTIONS = {
     "autoregressive": ("max_new_tokens", "temperature", "seed"),
-    "speculative": ("max_new_tokens", "temperature", "seed", "gamma", "drafter"),
-    "diffusion": ("max_new_tokens", "temperature", "seed", "steps", "block_length"),
+    "speculative": ("max_new_tokens", "temperature", "seed", "gamma", "drafter", "cache"),
+    "diffusion": ("max_new_tokens", "temperature", "seed", "steps", "block_length", "cache"),
 }
 GAMMAS = (1, 2, 3, 4, 6, 8)
 TEMPERATURES = (0.0, 0.5, 1.0, 1.5)
 LENGTHS = (16, 32, 64, 128, 256)
+CACHE_LENGTHS = (64, 128, 256)
+DRAFT_GAMMAS = (2, 4, 8)
+CACHE_BLOCK = 32  # the block length of the cached sweeps (Fast-dLLM's default)
 K_DIVISORS = (2, 4, 8, 16)  # diffusion steps K = N / d
 BATCHES = (1, 2, 4, 8, 16, 32)
 
@@ -78,6 +83,7 @@ class Settings:
     drafter: str = "model"
     steps: int | None = None
     block_length: int | None = None
+    cache: str | None = None  # diffusion KV cache; None: the default (config.DEFAULT_CACHE)
     seed: int = 0
     repeats: int = 1
     warmup: int = 1
@@ -108,7 +114,8 @@ def plain_configs(methods: list[str], s: Settings, models: Models | None = None)
         elif method == "diffusion":
             steps = s.steps or s.max_new_tokens
             block = f", block={s.block_length}" if s.block_length else ""
-            configs.append(RunConfig(method, f"diffusion[K={steps}{block}]", {"steps": steps}))
+            cache = f", cache={s.cache}" if s.cache else ""
+            configs.append(RunConfig(method, f"diffusion[K={steps}{block}{cache}]", {"steps": steps}))
         else:
             configs.append(RunConfig(method, method))
     return configs
@@ -117,7 +124,8 @@ def plain_configs(methods: list[str], s: Settings, models: Models | None = None)
 def decode_options(cfg: RunConfig, s: Settings, prompt_temperature: float | None, repeat: int) -> dict[str, Any]:
     """The keyword options of one request: settings, then the config's, then the prompt's temperature."""
     base = {"max_new_tokens": s.max_new_tokens, "temperature": s.temperature, "seed": s.seed + repeat,
-            "gamma": s.gamma, "drafter": s.drafter, "steps": s.steps, "block_length": s.block_length}
+            "gamma": s.gamma, "drafter": s.drafter, "steps": s.steps, "block_length": s.block_length,
+            "cache": s.cache}
     options = {k: v for k, v in {**base, **cfg.options}.items() if k in METHOD_OPTIONS[cfg.method]}
     if prompt_temperature is not None and "temperature" not in cfg.options:
         options["temperature"] = prompt_temperature
@@ -145,6 +153,8 @@ def run_requests(models: Models, sets: list[PromptSet], configs: list[RunConfig]
         rows.append(request_row(trace, config=cfg.label, group=cfg.group, x=cfg.x, prompt_set=prompt_set.name,
                                 prompt_id=prompt.id, repeat=repeat, proposed=trace.stats["proposed"],
                                 accepted=trace.stats["accepted"], peak_memory_bytes=memory, memory_kind=kind,
+                                cache=trace.stats.get("cache"), fed_per_pass=trace.stats.get("fed_tokens_per_pass"),
+                                token_ids=tuple(trace.token_ids),
                                 **forward_profile(trace), **quality, itl_s=inter_token_latencies(trace)))
     return pd.DataFrame(rows)
 
@@ -340,6 +350,11 @@ def sweep_section(kind: str, models: Models, sets: list[PromptSet], s: Settings,
     if kind == "gamma":
         configs = [RunConfig("autoregressive", "autoregressive")] + [
             RunConfig("speculative", f"speculative[{s.drafter}, γ={g}]", {"gamma": g}, x=g) for g in values or GAMMAS]
+    elif kind == "drafter_gamma":  # every drafter (the diffusion one where it applies) at each gamma
+        usable = [d for d in drafters if d != "diffusion" or _diffusion_drafts(models)]
+        configs = [RunConfig("autoregressive", "autoregressive")] + [
+            RunConfig("speculative", f"speculative[{d}, γ={g}]", {"drafter": d, "gamma": g}, x=g)
+            for g in values or DRAFT_GAMMAS for d in usable]
     elif kind == "temperature":
         configs = [c for t in values or TEMPERATURES for c in (
             RunConfig("autoregressive", f"autoregressive T={t}", {"temperature": t}, f"T={t}", t),
@@ -351,10 +366,12 @@ def sweep_section(kind: str, models: Models, sets: list[PromptSet], s: Settings,
             for d in values or drafters]
     frame = run_requests(models, sets, configs, s, desc=f"sweep {kind}")
     table = summarize_requests(frame)
-    x_title = {"gamma": "γ (drafted tokens per step)", "temperature": "temperature", "drafter": "drafter"}[kind]
+    x_title = {"gamma": "γ (drafted tokens per step)", "temperature": "temperature", "drafter": "drafter",
+               "drafter_gamma": "γ (drafted tokens per step)"}[kind]
     fig = sweep_figure(table, "x", x_title, f"Speculative decoding against {x_title}")
     cols = ["prompt_set", "config", "requests", "latency_p50_s", "latency_p99_s", "tokens_per_s", "speedup",
-            "acceptance_rate_pooled", "alpha_fitted", "cost_ratio_c", "verify_ratio", "tokens_per_step",
+            "tokens_per_target_pass", "acceptance_rate_pooled", "alpha_fitted", "cost_ratio_c", "verify_ratio",
+            "tokens_per_step",
             "predicted_speedup_thm", "predicted_speedup_forward", "perplexity_mean", "token_entropy_bits_mean"]
     notes = [_bench_note(s), "Measured speedup is a tokens/s ratio; both predictions use this run's measured "
              "acceptance and forward times (see the module docstring of explorer/bench.py)."]
@@ -365,13 +382,19 @@ def diffusion_section(models: Models, sets: list[PromptSet], s: Settings, length
                       divisors: tuple[int, ...] = K_DIVISORS) -> tuple[Section, pd.DataFrame]:
     """Latency against output length N for AR, speculative and diffusion at K = N/d: the break-even plot."""
     gamma = s.gamma or models.preset.gamma
+    cache = resolve_cache(models.diffusion, s.cache or SWEEP_CACHE) if models.diffusion is not None else "none"
     configs = []
     for n in lengths:
         opts = {"max_new_tokens": n}
+        block = min(n, s.block_length or CACHE_BLOCK) if cache != "none" else None
         configs += [RunConfig("autoregressive", f"autoregressive N={n}", opts, f"N={n}", n),
                     RunConfig("speculative", f"speculative γ={gamma} N={n}", {**opts, "gamma": gamma}, f"N={n}", n)]
-        configs += [RunConfig("diffusion", f"diffusion K=N/{d} N={n}", {**opts, "steps": n // d, "block_length": None},
-                              f"N={n}", n) for d in divisors if n // d >= 1]
+        configs += [RunConfig("diffusion", f"diffusion K=N/{d} N={n}", {**opts, "steps": n // d, "block_length": block,
+                                                                        "cache": cache}, f"N={n}", n)
+                    for d in divisors if n // d >= 1 and (n // d) % (n // (block or n)) == 0]
+        if cache != "none" and 4 in divisors:  # the same K without a cache (one block), for comparison
+            configs.append(RunConfig("diffusion", f"diffusion K=N/4 no cache N={n}",
+                                     {**opts, "steps": n // 4, "block_length": None, "cache": "none"}, f"N={n}", n))
     fixed = dataclasses.replace(s, ignore_eos=True)
     frame = run_requests(models, sets, configs, fixed, desc="sweep diffusion")
     frame["series"] = frame["config"].str.replace(r" N=\d+$", "", regex=True)
@@ -381,11 +404,59 @@ def diffusion_section(models: Models, sets: list[PromptSet], s: Settings, length
                                                                                             "mean"))
               .reset_index().rename(columns={"x": "n"}))
     crossings = find_all_crossings(points)
-    notes = [_breakeven_sentence(crossings, 4), _bench_note(fixed) + " Diffusion decodes one block of N with "
-             "K = N/d denoiser passes over prompt + N tokens (no KV cache)."]
+    how = ("one block of N, K = N/d denoiser passes over prompt + N tokens (no KV cache)" if cache == "none" else
+           f"blocks of min(N, {s.block_length or CACHE_BLOCK}), K = N/d passes, KV cache '{cache}'; the series "
+           "'K=N/4 no cache' is one block of N with every pass over prompt + N tokens")
+    notes = [_breakeven_sentence(crossings, 4), _bench_note(fixed) + f" Diffusion: {how}."]
     section = Section("Diffusion break-even: output length N against steps K", [breakeven_figure(points, crossings)],
                       {"median latency per series and N": points, "crossovers": crossings}, notes)
     return section, frame
+
+
+def _diffusion_drafts(models: Models) -> bool:
+    return models.diffusion is not None and same_tokenizer(models.tokenizer, models.diffusion_tokenizer)
+
+
+def cache_section(models: Models, sets: list[PromptSet], s: Settings, lengths: tuple[int, ...] = CACHE_LENGTHS,
+                  divisor: int = 4) -> tuple[Section, pd.DataFrame]:
+    """Diffusion with each KV cache at N in lengths (K = N/divisor, blocks of CACHE_BLOCK): speed against
+    ``none``, token agreement with ``none`` (same prompt, seed and N), perplexity and entropy beside."""
+    configs = []
+    for n in lengths:
+        opts = {"max_new_tokens": n, "steps": n // divisor, "block_length": min(n, s.block_length or CACHE_BLOCK)}
+        configs.append(RunConfig("autoregressive", f"autoregressive N={n}", {"max_new_tokens": n}, f"N={n}", n))
+        configs += [RunConfig("diffusion", f"diffusion cache={c} N={n}", {**opts, "cache": c}, f"N={n}", n)
+                    for c in CACHES]
+    fixed = dataclasses.replace(s, ignore_eos=True)
+    frame = run_requests(models, sets, configs, fixed, desc="sweep cache")
+    table = cache_table(frame)
+    notes = [_bench_note(fixed) + f" K = N/{divisor}, blocks of min(N, {s.block_length or CACHE_BLOCK}).",
+             "speedup_vs_none = mean latency of cache 'none' / this config's (same prompts, interleaved); agreement = "
+             "share of output positions where the token equals the 'none' output of the same request."]
+    return Section("Diffusion KV cache: speed, agreement with no cache, quality", [],
+                   {"cache sweep": table}, notes), frame
+
+
+def cache_table(frame: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    keys = ["prompt_set", "x", "prompt_id", "repeat"]
+    base = frame[frame["cache"] == "none"].set_index(keys)
+    ar = frame[frame["method"] == "autoregressive"].groupby("x")["latency_s"].mean()
+    for (n, config), g in frame.groupby(["x", "config"], sort=False):
+        none = base.loc[[tuple(k) for k in g[keys].values]]
+        agree = [sum(a == b for a, b in zip(t, u, strict=False)) / max(1, len(u))
+                 for t, u in zip(g["token_ids"], none["token_ids"], strict=True)]
+        row = {"n": n, "config": config, "requests": len(g), "latency_p50_s": g["latency_s"].median(),
+               "speedup_vs_none": none["latency_s"].mean() / g["latency_s"].mean(),
+               "speedup_vs_ar": ar[n] / g["latency_s"].mean(), "agreement_with_none": float(np.mean(agree)),
+               "passes": g["target_forward_passes"].mean(), "fed_per_pass": g["fed_per_pass"].mean()}
+        for col in ("perplexity", "token_entropy_bits"):
+            if col in g:
+                row[col] = g[col].median()
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    table.loc[table["config"].str.startswith("autoregressive"), ["speedup_vs_none", "agreement_with_none"]] = np.nan
+    return table
 
 
 def _context(model: torch.nn.Module | None) -> int:
@@ -703,6 +774,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", default="model")
     p.add_argument("--steps", type=int, default=None, help="diffusion steps K (default: max_new_tokens)")
     p.add_argument("--block-length", type=int, default=None)
+    p.add_argument("--cache", default=None, help="diffusion KV cache: none, prefix or dual (default: "
+                   "the explorer's default where the model takes a cache)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--ignore-eos", action="store_true", help="decode exactly max_new_tokens (as vLLM's --ignore-eos)")
@@ -717,7 +790,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
     return Settings(max_new_tokens=args.max_new_tokens, temperature=args.temperature, gamma=args.gamma,
-                    drafter=args.drafter, steps=args.steps, block_length=args.block_length, seed=args.seed,
+                    drafter=args.drafter, steps=args.steps, block_length=args.block_length, cache=args.cache,
+                    seed=args.seed,
                     repeats=args.repeats, warmup=args.warmup, ignore_eos=args.ignore_eos,
                     quality=not args.no_quality, progress=True)
 
@@ -814,10 +888,12 @@ def run(args: argparse.Namespace) -> int:
             spec = frame[(frame["method"] == "speculative") & (frame["drafter"] == "model")]
             if len(spec) and spec["proposed"].sum():
                 acceptance = spec["accepted"].sum() / spec["proposed"].sum()
-        elif part in ("gamma", "temperature", "drafter"):
+        elif part in ("gamma", "temperature", "drafter", "drafter_gamma"):
             section, frame = sweep_section(part, models, sets, s)
         elif part == "diffusion":
             section, frame = diffusion_section(models, sets, s)
+        elif part == "cache":
+            section, frame = cache_section(models, sets, s)
         elif part == "batch":
             section, frame = batch_section(models, sets, s, acceptance)
         else:
@@ -857,6 +933,6 @@ def write_csvs(path: str, frames: dict[str, pd.DataFrame]) -> list[Path]:
     path, written = Path(path), []
     for i, (part, frame) in enumerate(frames.items()):
         target = path if i == 0 else path.with_name(f"{path.stem}.{part}{path.suffix or '.csv'}")
-        frame.drop(columns=["itl_s"], errors="ignore").to_csv(target, index=False)
+        frame.drop(columns=["itl_s", "token_ids"], errors="ignore").to_csv(target, index=False)
         written.append(target)
     return written

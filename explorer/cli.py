@@ -33,6 +33,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", default=None)
     p.add_argument("--adaptive-gamma", action="store_true", default=None)
     p.add_argument("--early-exit-layers", type=int, default=None)
+    p.add_argument("--draft-passes", type=int, default=None, help="diffusion drafter: denoiser passes per draft")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--block-length", type=int, default=None)
     d.add_argument("--remasking", default=None)
     d.add_argument("--threshold", type=float, default=None)
+    d.add_argument("--cache", default=None, help="diffusion KV cache: none, prefix or dual")
     d.add_argument("--json", action="store_true", help="print one JSON object (the trace)")
     d.add_argument("--events", action="store_true", help="with --json: include every event")
     a = sub.add_parser("audit", help="check that speculative sampling preserves the target distribution")
@@ -84,7 +86,7 @@ def _options(args: argparse.Namespace, names: list[str]) -> dict:
 
 
 DECODE_OPTIONS = ["max_new_tokens", "temperature", "top_k", "top_p", "seed", "gamma", "drafter", "adaptive_gamma",
-                  "early_exit_layers", "steps", "block_length", "remasking", "threshold"]
+                  "early_exit_layers", "draft_passes", "steps", "block_length", "remasking", "threshold", "cache"]
 
 
 def run_decode(args: argparse.Namespace) -> int:

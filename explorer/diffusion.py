@@ -8,16 +8,26 @@ float64 (categorical noise in low precision biases the sample). With ``threshold
 (Fast-dLLM, Wu et al. 2025, Sec. 3.2) a step reveals every masked position of the block whose
 confidence exceeds the threshold, at least one. Models that predict the next position (Dream,
 AR-adapted denoisers) have their logits shifted right by one.
+
+KV cache (Fast-dLLM, Sec. 3.1), option ``cache``: ``none`` runs every pass over prompt + all N
+positions. ``prefix`` runs one full pass at the start of each block, keeps the keys and values of
+everything before the block (prompt and finished blocks) and feeds only the block and what follows
+it for the block's other steps. ``dual`` also keeps the masked suffix after the block, so those
+steps feed the block alone. Both are approximations: the cached keys were computed against the
+canvas at the start of the block and are not updated as the block fills in.
 """
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Generator
 
 import torch
+from torch import nn
+from transformers import DynamicCache
 
-from explorer.config import DecodeConfig
+from explorer.config import DEFAULT_CACHE, DecodeConfig
 from explorer.errors import ExplorerError
 from explorer.events import Event, RefinementStep
 from explorer.gemma import decode_diffusion_gemma, is_diffusion_gemma
@@ -60,8 +70,63 @@ def choose_positions(confidence: torch.Tensor, still_masked: torch.Tensor, count
     return torch.topk(confidence, count).indices
 
 
-def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig) -> Generator[Event, None, dict]:
-    """Yield a RefinementStep per denoiser pass; return the raw result (tokens, times, counters)."""
+def _takes(model: nn.Module, argument: str) -> bool:
+    return argument in inspect.signature(model.forward).parameters
+
+
+def takes_kv_cache(model: nn.Module) -> bool:
+    return type(model).__module__.startswith("transformers.") and _takes(model, "past_key_values")
+
+
+def resolve_cache(model: nn.Module, cache: str | None) -> str:
+    """The cache a decode uses: the option, or (None) DEFAULT_CACHE where the model takes a KV cache and
+    its code is transformers' own (remote-code denoisers, Dream and LLaDA, were never run here: none)."""
+    if cache is None:
+        return DEFAULT_CACHE if takes_kv_cache(model) else "none"
+    if cache != "none" and not _takes(model, "past_key_values"):
+        raise ExplorerError(f"cache {cache!r} needs a diffusion model that takes a KV cache (past_key_values); "
+                            f"{type(model).__name__} does not: use cache 'none'")
+    return cache
+
+
+def denoise(model: nn.Module, x: torch.Tensor, start: int, end: int, rows: list[int],
+            cache: DynamicCache | None = None, fill: bool = False) -> tuple[torch.Tensor, float, int]:
+    """One denoiser pass feeding x[:, start:end] (the other positions' keys and values come from
+    ``cache``, which is cropped back afterwards unless ``fill``); logits (len(rows), V) of the
+    absolute ``rows``."""
+    rel = torch.tensor(rows, device=x.device) - start
+    extra = {}
+    if cache is not None:
+        cached = cache.get_seq_length()
+        extra["position_ids"] = torch.arange(start, end, device=x.device)[None]
+    keep = rel if _takes(model, "logits_to_keep") else None
+    logits, dt = timed_forward(model, x[:, start:end], cache, keep=keep, **extra)
+    if cache is not None and not fill:
+        cache.crop(cached - cache.get_seq_length())  # drop the fed positions (a negative count)
+    return (logits[0] if keep is not None else logits[0, rel]), dt, end - start
+
+
+def fill_cache(model: nn.Module, x: torch.Tensor, start: int, end: int,
+               rows: list[int]) -> tuple[torch.Tensor, float, int, DynamicCache]:
+    """A full pass over x; also returns the keys and values of every position outside [start, end)."""
+    full = DynamicCache()
+    logits, dt, fed = denoise(model, x, 0, x.shape[1], rows, full, fill=True)
+    full_len = x.shape[1]
+    outside = torch.cat([torch.arange(start), torch.arange(end, full_len)]).to(x.device)
+    kept = DynamicCache()
+    with torch.inference_mode():
+        for i, layer in enumerate(full.layers):
+            kept.update(layer.keys[:, :, outside], layer.values[:, :, outside], i)
+    return logits, dt, fed, kept
+
+
+def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig,
+                     refresh_every_step: bool = False) -> Generator[Event, None, dict]:
+    """Yield a RefinementStep per denoiser pass; return the raw result (tokens, times, counters).
+
+    ``refresh_every_step`` (a check of the cached path): refill the cache before every step and
+    still take that step's logits from the cached pass; the output then equals ``cache="none"``.
+    """
     t0 = time.perf_counter()
     if models.diffusion is None:
         raise ExplorerError(f"preset {models.preset.name!r} has no diffusion model")
@@ -79,17 +144,27 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig) -
     eos = models.diffusion_tokenizer.eos_token_id
     # never "reveal" a mask or pad token; but where pad doubles as end-of-turn (SmolLM2) EOS stays allowed
     banned = [i for i in {mask_id, models.diffusion_tokenizer.pad_token_id} if i is not None and i != eos]
+    model, mode, shift, total = models.diffusion, resolve_cache(models.diffusion, cfg.cache), \
+        int(bool(models.diffusion_shift)), p_len + n
     revealed_t = [0.0] * n
-    passes, forward_s, step = 0, 0.0, 0
+    passes, forward_s, step, fed_total = 0, 0.0, 0, 0
     for block in range(blocks):
         lo = p_len + block * block_len  # absolute start of the block
+        rows = list(range(lo - shift, lo + block_len - shift))  # the logits that predict the block
+        start, end = lo - shift, (total if mode == "prefix" else lo + block_len)  # what a cached pass feeds
         schedule = reveal_schedule(block_len, steps_per_block)
-        s = 0
+        s, cache = 0, None
         while bool((x[0, lo:lo + block_len] == mask_id).any()):
-            logits, dt = timed_forward(models.diffusion, x)  # (1, P + N, V)
-            if models.diffusion_shift:
-                logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
-            tokens, confidence = predict_tokens(logits[0, lo:lo + block_len], cfg, gen, banned)
+            if mode == "none":
+                logits, dt, fed = denoise(model, x, 0, total, rows)
+            elif cache is None or refresh_every_step:  # the block's first step: a full pass fills the cache
+                logits, dt, fed, cache = fill_cache(model, x, start, end, rows)
+                if refresh_every_step:
+                    logits, dt2, fed2 = denoise(model, x, start, end, rows, cache)
+                    dt, fed = dt + dt2, fed + fed2
+            else:
+                logits, dt, fed = denoise(model, x, start, end, rows, cache)
+            tokens, confidence = predict_tokens(logits, cfg, gen, banned)
             still = x[0, lo:lo + block_len] == mask_id
             count = schedule[s] if s < len(schedule) else 1
             chosen = choose_positions(confidence, still, count, cfg.threshold)
@@ -98,10 +173,10 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig) -
             positions = [block * block_len + int(i) for i in chosen]
             for pos in positions:
                 revealed_t[pos] = now - t0
-            passes, forward_s, s, step = passes + 1, forward_s + dt, s + 1, step + 1
+            passes, forward_s, s, step, fed_total = passes + 1, forward_s + dt, s + 1, step + 1, fed_total + fed
             yield RefinementStep(now, step - 1, block, tuple(positions), tuple(int(tokens[i]) for i in chosen),
                                  tuple(float(confidence[i]) for i in chosen),
-                                 int((x[0, p_len:] == mask_id).sum()), dt)
+                                 int((x[0, p_len:] == mask_id).sum()), dt, fed)
     out = x[0, p_len:].tolist()
     if eos is not None and eos in out:
         out = out[: out.index(eos) + 1]
@@ -111,4 +186,5 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig) -
         latest = max(latest, revealed_t[pos])
         times.append(latest)
     return {"t0": t0, "tokens": out, "times": times, "target_passes": passes, "draft_passes": 0, "proposed": 0,
-            "accepted": 0, "target_forward_s": forward_s, "draft_forward_s": 0.0, "canvas": x[0, p_len:].tolist()}
+            "accepted": 0, "target_forward_s": forward_s, "draft_forward_s": 0.0, "canvas": x[0, p_len:].tolist(),
+            "cache": mode, "fed_tokens": fed_total}

@@ -1,9 +1,10 @@
-"""Three drafters behind one small interface.
+"""Four drafters behind one small interface.
 
 ``propose(tokens, gamma, cfg, generator)`` returns the drafted tokens, the distributions q
 they were drawn from (one row each, (g, V)), the draft forward time and pass count.
 ``rollback(keep)`` tells the drafter that only ``tokens[:keep]`` survived verification.
 A deterministic drafter (prompt lookup) returns one-hot rows: exactness still holds.
+A drafter may report its passes one by one in ``stages`` (the diffusion drafter's refinement).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from explorer.config import DecodeConfig
+from explorer.diffusion import denoise, resolve_cache, reveal_schedule, takes_kv_cache
 from explorer.errors import ExplorerError
 from explorer.gemma import is_assistant, make_assistant_drafter
 from explorer.models import Models, check_same_vocabulary, timed_forward
@@ -28,6 +30,7 @@ class Draft:
     q: torch.Tensor | None  # (g, V) float32; None when nothing was drafted
     forward_s: float = 0.0
     passes: int = 0
+    stages: list[tuple[tuple[int, ...], tuple[float, ...], float]] = field(default_factory=list)  # per pass
 
 
 @dataclass
@@ -84,6 +87,98 @@ class PromptLookupDrafter:
     @property
     def cache_len(self) -> None:
         return None
+
+
+@dataclass
+class DiffusionDrafter:
+    """The preset's masked-diffusion model drafts gamma tokens in parallel (as DFlash, vLLM 0.32).
+
+    The prefix is followed by gamma masks; one denoiser pass predicts every masked position and
+    token i is drawn from q_i, that pass's warped distribution at position i. With ``passes`` > 1
+    the draft is refined: each pass commits the leftmost still-masked positions (reveal_schedule
+    of gamma over the passes) and predicts the rest again, seeing what was committed. Committing
+    left to right keeps q_i a function of the prefix and the drafts before i only, which the
+    verification rule needs: a token committed by confidence after a later one would have a q that
+    depends on that later token, and accepting the earlier one would tilt the later one's
+    distribution away from its q. With ``cached`` the keys and values of the prefix are kept
+    between proposals (each pass feeds only what they lack); the drafts stay exact whatever the
+    cache's staleness, because q_i is always the distribution token i was drawn from.
+    """
+
+    model: nn.Module
+    mask_id: int
+    shift: int  # 1 when logits at i predict position i + 1
+    banned: list[int]
+    eos_id: int | None
+    passes: int = 1
+    cached: bool = True
+    name: str = "diffusion"
+    cache: DynamicCache | None = None
+
+    def propose(self, tokens: list[int], gamma: int, cfg: DecodeConfig, gen: torch.Generator) -> Draft:
+        p = len(tokens)
+        x = torch.tensor([tokens + [self.mask_id] * gamma], device=self.model.device)  # (1, P + gamma)
+        if self.cached and self.cache is None:
+            self.cache = DynamicCache()
+        banned = torch.tensor(self.banned, device=x.device, dtype=torch.long)
+        drafted: list[int] = []
+        rows: list[torch.Tensor] = []
+        stages, seconds = [], 0.0
+        for count in reveal_schedule(gamma, min(self.passes, gamma)):
+            lo = p + len(drafted)  # the first still-masked position
+            start = min(self.cache.get_seq_length(), p - self.shift) if self.cached else 0
+            ahead = list(range(lo - self.shift, p + gamma - self.shift))  # the logits that predict the masks
+            logits, dt, _ = denoise(self.model, x, start, x.shape[1], ahead, self.cache, fill=self.cached)
+            if self.cached:  # keep the prefix this pass computed, never a drafted position
+                crop_cache(self.cache, p - self.shift)
+            seconds += dt
+            logits = logits.float().index_fill(1, banned, float("-inf"))  # never draft a mask
+            q = warp_logits(logits, cfg.temperature, cfg.top_k, cfg.top_p)  # (masks left, V)
+            for i in range(count):
+                drafted.append(sample(q[i], gen))
+                rows.append(q[i])
+                x[0, lo + i] = drafted[-1]
+                if drafted[-1] == self.eos_id:
+                    break
+            rest = q[len(drafted) - (lo - p):]  # the positions still masked, as this pass predicts them
+            tentative = rest.argmax(-1).tolist()
+            shown = [float(r[t]) for r, t in zip(rows, drafted, strict=True)] + [
+                float(r[t]) for r, t in zip(rest, tentative, strict=True)]
+            stages.append((tuple(drafted + tentative), tuple(shown), dt))
+            if drafted[-1] == self.eos_id:
+                break
+        return Draft(drafted, torch.stack(rows), seconds, len(stages), stages if len(stages) > 1 else [])
+
+    def rollback(self, keep: int) -> None:
+        if self.cache is not None:
+            crop_cache(self.cache, keep - self.shift)
+
+    @property
+    def cache_len(self) -> int | None:
+        return self.cache.get_seq_length() if self.cache is not None else None
+
+
+def same_tokenizer(a, b) -> bool:
+    """One tokenizer object, or two with the same vocabulary."""
+    return a is b or (hasattr(a, "get_vocab") and hasattr(b, "get_vocab") and a.get_vocab() == b.get_vocab())
+
+
+def diffusion_drafter(models: Models, cfg: DecodeConfig) -> DiffusionDrafter:
+    name = models.preset.name
+    if models.diffusion is None:
+        raise ExplorerError(f"preset {name!r} has no diffusion model; the diffusion drafter needs one")
+    if not same_tokenizer(models.tokenizer, models.diffusion_tokenizer):
+        raise ExplorerError(f"the diffusion drafter needs a diffusion model with the target's tokenizer; the "
+                            f"diffusion model of preset {name!r} uses another tokenizer (choose another drafter)")
+    check_same_vocabulary(models.target, models.diffusion)
+    mask = models.mask_token_id
+    if mask is None:
+        raise ExplorerError("the diffusion model's tokenizer has no mask token")
+    banned = [i for i in {mask, getattr(models.tokenizer, "pad_token_id", None)} if i is not None]
+    return DiffusionDrafter(models.diffusion, mask, int(bool(models.diffusion_shift)), banned,
+                            models.tokenizer.eos_token_id, cfg.draft_passes,
+                            cfg.cache != "none" and takes_kv_cache(models.diffusion)
+                            and resolve_cache(models.diffusion, cfg.cache or "prefix") != "none")  # by default: cached
 
 
 def find_continuation(tokens: list[int], gamma: int, max_ngram: int) -> list[int]:
@@ -145,6 +240,8 @@ def make_drafter(models: Models, cfg: DecodeConfig):
         layers = cfg.early_exit_layers or models.preset.early_exit_layers or max(
             1, models.target.config.num_hidden_layers // 3)
         return ModelDrafter(shallow_model(models.target, layers), eos, name="early_exit")
+    if cfg.drafter == "diffusion":
+        return diffusion_drafter(models, cfg)
     raise ExplorerError(f"unknown drafter {cfg.drafter!r}")
 
 

@@ -90,6 +90,7 @@ class RefinementStep:
     confidences: tuple[float, ...]
     masks_left: int
     forward_s: float
+    fed_tokens: int = 0  # positions this pass ran through the model (fewer with a KV cache)
 
 
 Event = Prefill | TokenStep | Proposal | Verification | RefinementStep

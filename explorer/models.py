@@ -389,13 +389,15 @@ def synchronize(device: torch.device) -> None:
 
 
 def timed_forward(model: nn.Module, input_ids: torch.Tensor, cache: Any = None,
-                  keep: int | None = None) -> tuple[torch.Tensor, float]:
+                  keep: int | torch.Tensor | None = None, **extra: Any) -> tuple[torch.Tensor, float]:
     """One forward pass, synchronized before and after; returns logits (1, T, V) and seconds.
 
-    ``keep``: compute the LM head for the last ``keep`` positions only (a prefill needs one row).
+    ``keep``: compute the LM head for the last ``keep`` positions only (a prefill needs one row),
+    or for the row indices in a tensor. ``extra`` goes to the model (e.g. ``position_ids``).
     """
     device = input_ids.device
     kwargs: dict[str, Any] = {"past_key_values": cache, "use_cache": True} if cache is not None else {}
+    kwargs.update(extra)
     if keep is not None:
         kwargs["logits_to_keep"] = keep
     synchronize(device)

@@ -364,7 +364,9 @@ def lane_detail(method: str, config: dict[str, Any]) -> str:
         n = config["max_new_tokens"]
         steps, block = config.get("steps") or n, config.get("block_length") or n
         extra = f", threshold {config['threshold']}" if config.get("threshold") else ""
-        return f"N = {n}, K = {steps} steps, blocks of {block}, {config.get('remasking')}{extra}"
+        budget = f"at most K = {steps} passes (adaptive)" if config.get("threshold") else f"K = {steps} steps"
+        cache = f", cache {config['cache']}" if config.get("cache") else ""
+        return f"N = {n}, {budget}, blocks of {block}, {config.get('remasking')}{extra}{cache}"
     return "one target pass per token"
 
 

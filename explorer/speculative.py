@@ -91,8 +91,11 @@ def decode_speculative(models: Models, prompt_ids: list[int], cfg: DecodeConfig)
             counters["draft_passes"] += draft.passes
             counters["draft_forward_s"] += draft.forward_s
             q_drafted = tuple(float(draft.q[i, x]) for i, x in enumerate(drafted))
-            yield Proposal(time.perf_counter(), step, drafter.name, gamma, tuple(drafted), q_drafted,
-                           draft.forward_s, draft.passes)
+            for shown, q_shown, dt in draft.stages[:-1]:  # a refining draft: one Proposal per pass
+                yield Proposal(time.perf_counter(), step, drafter.name, gamma, shown, q_shown, dt, 1)
+            last = draft.stages[-1][2] if draft.stages else draft.forward_s
+            yield Proposal(time.perf_counter(), step, drafter.name, gamma, tuple(drafted), q_drafted, last,
+                           1 if draft.stages else draft.passes)
         feed = tokens[cache.get_seq_length():] + drafted  # the whole prompt on the first step, then [last, drafts]
         logits, dt = timed_forward(models.target, torch.tensor([feed], device=device), cache, keep=len(drafted) + 1)
         p = warp_logits(logits[0], cfg.temperature, cfg.top_k, cfg.top_p)  # (g+1, V)
