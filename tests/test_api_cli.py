@@ -107,6 +107,7 @@ def load_hub_recording(monkeypatch, name, hub_ids):
     from explorer import models as models_mod
 
     calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # GPU presets refuse to load without CUDA
 
     def loader(kind):
         def from_pretrained(model_id, *args, **kwargs):
