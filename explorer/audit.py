@@ -84,6 +84,25 @@ class AuditResult:
         return self.__dict__.copy()
 
 
+def report_lines(result: AuditResult) -> list[str]:
+    """The audit in words, the same for the CLI and the app: counts, each test, power, each known bug, verdict."""
+    lines = [f"samples: {result.samples}, compared: first {result.prefix_tokens} new tokens; "
+             f"draft acceptance {result.acceptance_rate:.3f}"]
+    lines += [f"  {t['name']}: p = {t['p_value']:.4g} (rejects below {t['alpha']:.2g})" for t in result.tests]
+    lines.append(f"first token vs the exact target distribution: TV speculative {result.first_token_tv_exact_spec:.4f}"
+                 + ("" if result.first_token_tv_exact_ar is None else f", AR {result.first_token_tv_exact_ar:.4f}"))
+    lines.append(f"smallest first-token TV detected with probability {POWER} at {result.samples} samples: "
+                 f"{result.min_detectable_tv:.3f}")
+    for b in result.bugs:
+        need = b["samples_needed"] if b["samples_needed"] is not None else "-"
+        lines.append(f"  known bug {b['name']}: TV here {b['tv_here']:.3f}, detected with probability "
+                     f"{b['power']:.2f}, samples for {POWER}: {need}"
+                     + ("" if b["counted"] else " (not counted: TV < 0.01 here)"))
+    lines += [f"note: {note}" for note in result.notes]
+    lines.append(result.verdict)
+    return lines
+
+
 # ------------------------------------------------------------------------------ exact distributions
 
 def reference_warp(logits: np.ndarray, temperature: float, top_k: int | None = None,

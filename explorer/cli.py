@@ -115,7 +115,7 @@ def run_decode(args: argparse.Namespace) -> int:
 
 def run_audit_command(args: argparse.Namespace) -> int:
     import explorer
-    from explorer.audit import POWER, run_audit
+    from explorer.audit import report_lines, run_audit
 
     if args.samples is not None and args.samples < 10:
         raise ExplorerError("--samples must be at least 10")
@@ -136,21 +136,7 @@ def run_audit_command(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.as_dict(), default=_json_default))
     else:
-        print(f"samples: {result.samples}, compared: first {result.prefix_tokens} new tokens; "
-              f"draft acceptance {result.acceptance_rate:.3f}")
-        for t in result.tests:
-            print(f"  {t['name']}: p = {t['p_value']:.4g} (rejects below {t['alpha']:.2g})")
-        print(f"first token vs the exact target distribution: TV speculative {result.first_token_tv_exact_spec:.4f}"
-              + ("" if result.first_token_tv_exact_ar is None else f", AR {result.first_token_tv_exact_ar:.4f}"))
-        print(f"smallest first-token TV detected with probability {POWER} at {result.samples} samples: "
-              f"{result.min_detectable_tv:.3f}")
-        for b in result.bugs:
-            need = b["samples_needed"] if b["samples_needed"] is not None else "-"
-            print(f"  known bug {b['name']}: TV here {b['tv_here']:.3f}, detected with probability {b['power']:.2f}, "
-                  f"samples for {POWER}: {need}" + ("" if b["counted"] else " (not counted: TV < 0.01 here)"))
-        for note in result.notes:
-            print(f"note: {note}")
-        print(result.verdict)
+        print("\n".join(report_lines(result)))
     return {"PASS": 0, "FAIL": 1}.get(result.status, 3)
 
 

@@ -663,6 +663,11 @@ class Controls:
     prompt: Any = None
     preset: Any = None
     lanes: Any = None
+    audit_temperature: Any = None
+    audit_top_k: Any = None
+    audit_gamma: Any = None
+    audit_run: Any = None
+    audit_out: Any = None
     settings: list[Any] = None  # in Settings field order
     speed: Any = None
     presenter: Any = None
@@ -818,6 +823,38 @@ def _build_measure(c: Controls) -> None:
                 "the status line says so), one CSV row each with its prompt and every setting.")
 
 
+AUDIT_MAX_SAMPLES = 2000  # one audit request holds the decode slot: bounded
+
+
+def _build_audit(c: Controls) -> None:
+    gr.Markdown("Samples the speculative decoder's first tokens on the prompt above and tests them against the "
+                "target's exact distribution (enumerated from p), with the power to see the known sampler bugs "
+                "*here*: the same verdict as `python -m explorer audit` (PASS / FAIL / INCONCLUSIVE). "
+                f"At most {AUDIT_MAX_SAMPLES} samples per request.")
+    with gr.Row():
+        c.audit_temperature = gr.Slider(0.1, 2, value=1.0, step=0.05, label="temperature")
+        c.audit_top_k = gr.Slider(1, 64, value=8, step=1, label="top-k (makes the first token enumerable)")
+        c.audit_gamma = gr.Slider(1, 8, value=3, step=1, label="γ")
+    c.audit_run = gr.Button("Run the audit", elem_id="audit-run")
+    c.audit_out = gr.Markdown("No audit yet.", elem_id="audit-out")
+
+
+@gpu(hosting.run_duration)
+def run_audit_tab(prompt: str, preset: str, temperature: float, top_k: int, gamma: int) -> str:
+    """The audit of the current prompt and preset, in words (``audit.report_lines``)."""
+    from explorer.audit import report_lines, run_audit
+
+    try:
+        validate_prompt(prompt)
+        models = load_preset(preset)
+        result = run_audit(models, prompt, temperature=float(temperature), top_k=int(top_k), gamma=int(gamma),
+                           max_samples=AUDIT_MAX_SAMPLES)
+    except ExplorerError as exc:
+        raise gr.Error(str(exc), print_exception=False) from None
+    lines = report_lines(result)
+    return f"### {result.status}\n\n```\n" + "\n".join(lines) + "\n```"
+
+
 def build_demo() -> gr.Blocks:
     """The whole app; ``app.py`` exposes it as the module-level ``demo``."""
     c = Controls()
@@ -839,6 +876,8 @@ def build_demo() -> gr.Blocks:
                 gr.Markdown(read_text("how_it_works.md"),
                             latex_delimiters=[{"left": "$$", "right": "$$", "display": True},
                                               {"left": "$", "right": "$", "display": False}])
+            with gr.Tab("Audit: is it lossless?"):
+                _build_audit(c)
             with gr.Tab("Deployment checklist"):
                 gr.Markdown(read_text("checklist.md"))
         _wire(c, demo)
@@ -876,6 +915,8 @@ def _wire(c: Controls, demo: gr.Blocks) -> None:
                                        api_name="measure", **batch)
     by_file = c.measure_file.click(with_settings(measure, 6), [gr.State("file"), *batch_inputs],
                                    api_name="workload", **batch)
+    c.audit_run.click(run_audit_tab, [c.prompt, c.preset, c.audit_temperature, c.audit_top_k, c.audit_gamma],
+                      c.audit_out, api_name="audit", show_progress_on=c.audit_out, **decode_slot)
     play = c.play.click(replay_play, [c.current, c.scrubber, c.speed], [c.frame, c.scrubber],
                         api_visibility="undocumented", concurrency_limit=8, show_progress="hidden")
     c.pause.click(None, js=SETTLE_JS, cancels=[play])

@@ -213,3 +213,13 @@ def test_stop_and_errors_leave_every_lane_in_a_final_state(random_models, monkey
 
 
 _real_stream = explorer.stream
+
+
+def test_audit_tab_gives_the_same_report_as_the_api_and_cli(client, random_models):
+    from explorer.audit import report_lines, run_audit
+
+    text = client.predict("abc", "random-tiny", 1.0, 2, 3, api_name="/audit")
+    direct = run_audit(random_models, "abc", temperature=1.0, top_k=2, gamma=3, max_samples=ui.AUDIT_MAX_SAMPLES)
+    assert text.startswith(f"### {direct.status}") and "\n".join(report_lines(direct)) in text
+    with pytest.raises(Exception, match="the prompt is empty"):
+        client.predict("   ", "random-tiny", 1.0, 2, 3, api_name="/audit")
