@@ -116,12 +116,13 @@ def build_trace(method: str, models: Models, prompt: str, prompt_ids: list[int],
         stats["draft_passes_per_proposal"] = cfg.draft_passes
     if method == "diffusion":  # steps is the budget K; with a threshold the passes made are fewer
         stats.update(steps=cfg.diffusion_steps, block_length=cfg.diffusion_block_length,
-                     remasking=cfg.remasking, threshold=cfg.threshold, denoiser_passes=passes, cache=raw["cache"],
-                     fed_tokens_per_pass=raw["fed_tokens"] / passes if passes else None)
+                     remasking=cfg.remasking, threshold=cfg.threshold, denoiser_passes=passes,
+                     cache=raw.get("cache", "none"),
+                     fed_tokens_per_pass=raw["fed_tokens"] / passes if passes and "fed_tokens" in raw else None)
     if method == "diffusion" and models.diffusion_tokenizer is not models.tokenizer:
         stats["note"] = "the diffusion side uses a different model and tokenizer than the target"
     text = tokenizer.decode(tokens, skip_special_tokens=True)
     config = {"method": method, "preset": models.preset.name, **cfg.as_dict()}
     if method == "diffusion":
-        config["cache"] = raw["cache"]  # the cache used (the option may be None: the default)
+        config["cache"] = raw.get("cache", "none")  # the cache used (the option may be None: the default)
     return Trace(method, prompt, prompt_ids, tokens, text, stats, events, config, raw["t0"], raw["times"])

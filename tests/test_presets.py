@@ -30,7 +30,6 @@ def test_smollm2_preset_loads_from_the_wheel_and_decodes():
     prompt = "List three colours."
     ar = explorer.decode("autoregressive", models, prompt, max_new_tokens=6)
     assert ar.stats["prompt_format"] == "chat_template" and ar.token_ids
-    spec = explorer.decode("speculative", models, prompt, max_new_tokens=6, drafter="prompt_lookup")
-    assert spec.token_ids == ar.token_ids
-    with pytest.raises(explorer.ExplorerError, match="no draft model"):
-        explorer.decode("speculative", models, prompt, max_new_tokens=4, drafter="model")
+    for drafter in ("prompt_lookup", "model", "diffusion"):  # its own draft and diffusion partner share the tokenizer
+        spec = explorer.decode("speculative", models, prompt, max_new_tokens=6, drafter=drafter)
+        assert spec.token_ids == ar.token_ids, drafter
