@@ -88,16 +88,14 @@ def sampled_acceptance(models, prompts, tokens, gamma, temperature=0.7):
           f"{new / passes:.2f} tokens per target pass ({len(prompts)} prompts, seeded)")
 
 
-def diffusion_table(models, prompts, n, block, show_samples):
+def diffusion_table(models, prompts, n, block, show_samples, cache=None):
     fixed = ignoring_eos(models)
+    c = {"cache": cache} if cache else {}
     rows = [("autoregressive, temperature 1", "autoregressive", dict(temperature=1.0)),
-            ("autoregressive, greedy", "autoregressive", dict(temperature=0.0)),
-            (f"diffusion K={n}, blocks of {block}, temperature 1", "diffusion",
-             dict(steps=n, block_length=block, temperature=1.0)),
-            (f"diffusion K={n}, blocks of {block}, greedy", "diffusion", dict(steps=n, block_length=block)),
-            (f"diffusion K={n // 2}, blocks of {block}, temperature 1", "diffusion",
-             dict(steps=n // 2, block_length=block, temperature=1.0)),
-            (f"diffusion K={n}, one block, temperature 1", "diffusion", dict(steps=n, temperature=1.0))]
+            (f"diffusion K={n}, blocks of {block}, temperature 1, cache {cache or 'default'}", "diffusion",
+             dict(steps=n, block_length=block, temperature=1.0, **c)),
+            (f"diffusion K={n // 2}, blocks of {block}, temperature 1, cache {cache or 'default'}", "diffusion",
+             dict(steps=n // 2, block_length=block, temperature=1.0, **c))]
     print(f"\n## Quality next to speed (N = {n} new tokens, EOS ignored, {len(prompts)} held-out prompts)")
     print("| decoder | generative perplexity (target as judge), median | token entropy (bits), mean | "
           "distinct 3-grams, mean | latency ms, median | passes |")
@@ -118,7 +116,7 @@ def diffusion_table(models, prompts, n, block, show_samples):
         print(f"| {label} | {statistics.median(ppl):.1f} | {statistics.mean(ent):.2f} | {statistics.mean(dist):.3f} | "
               f"{statistics.median(lat):.0f} | {statistics.median(passes):.0f} |")
     if show_samples:
-        ar_label, diff_label = rows[0][0], rows[2][0]
+        ar_label, diff_label = rows[0][0], rows[1][0]
         print(f"\n## Samples: {ar_label} | {diff_label}")
         for prompt, a, d in zip(prompts, texts[ar_label], texts[diff_label], strict=True):
             print(f"\n**{prompt}**\n\n- AR: {a!r}\n- diffusion: {d!r}")
@@ -132,6 +130,7 @@ def main() -> None:
     ap.add_argument("--gammas", default="1,2,3,4,6")
     ap.add_argument("--block", type=int, default=8)
     ap.add_argument("--samples", action="store_true", help="print twelve outputs of AR and diffusion")
+    ap.add_argument("--cache", default=None, help="diffusion KV cache for the diffusion rows (none|prefix|dual)")
     ap.add_argument("--skip", default="", help="comma list of sections to skip: spec,sampled,others,diffusion")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -148,7 +147,7 @@ def main() -> None:
     if "sampled" not in skip:
         sampled_acceptance(models, prompts, args.tokens, gamma=models.preset.gamma)
     if "diffusion" not in skip:
-        diffusion_table(models, prompts, args.tokens, args.block, args.samples)
+        diffusion_table(models, prompts, args.tokens, args.block, args.samples, args.cache)
 
 
 if __name__ == "__main__":

