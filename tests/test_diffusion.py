@@ -160,8 +160,8 @@ def test_threshold_reveals_at_least_one_when_nothing_is_confident(random_models)
     assert [len(s.positions) for s in steps_of(trace)] == [1] * 8
 
 
-def test_masked_lm_model_without_shift():
-    """Any AutoModelForMaskedLM with a mask token works (here a tiny random BERT)."""
+def tiny_bert_models() -> Models:
+    """A seeded random 1-layer BERT (an AutoModelForMaskedLM with a mask token) as target and denoiser."""
     from transformers import BertConfig, BertForMaskedLM
 
     from explorer.models import Preset, build_byte_tokenizer
@@ -170,10 +170,15 @@ def test_masked_lm_model_without_shift():
     torch.manual_seed(0)
     bert = BertForMaskedLM(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1,
                                       num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)).eval()
-    models = Models(Preset("bert", "random", ""), tok, bert, None, bert, tok, torch.device("cpu"), torch.float32)
+    return Models(Preset("bert", "random", ""), tok, bert, None, bert, tok, torch.device("cpu"), torch.float32)
+
+
+def test_masked_lm_model_without_shift():
+    """Any AutoModelForMaskedLM with a mask token works (here a tiny random BERT)."""
+    models = tiny_bert_models()
     trace = explorer.decode("diffusion", models, "hello", max_new_tokens=10, steps=6, block_length=5)
     assert len(steps_of(trace)) == 6 and steps_of(trace)[-1].masks_left == 0
-    assert tok.mask_token_id not in trace.token_ids
+    assert models.tokenizer.mask_token_id not in trace.token_ids
 
 
 def test_diffusion_is_bidirectional(random_models):

