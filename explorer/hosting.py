@@ -21,7 +21,8 @@ from explorer.errors import ExplorerError
 
 ROOT = Path(__file__).resolve().parent.parent
 # What a Space needs, relative to the repository root (tests, benchmarks, training data are left out).
-BUNDLE = ["app.py", "requirements.txt", "README.md", ".gitattributes", "explorer/*.py", "assets/style.css",
+BUNDLE = ["app.py", "requirements.txt", "README.md", ".gitattributes", "explorer/*.py", "explorer/app_text/*.md",
+          "assets/style.css",
           "assets/prompts/*", "assets/models/tiny/**", "assets/models/smollm2-135m/**",
           "docs/screenshot.png"]
 HUB_FILE_LIMIT = 10 * 1024 * 1024  # the Hub refuses plain (non-LFS) files above 10 MB

@@ -25,6 +25,11 @@ def test_bundle_builds_and_passes_its_checks(bundle):
     for needed in ["app.py", "requirements.txt", "README.md", ".gitattributes", "explorer/gemma.py",
                    "explorer/ui.py", "assets/style.css"]:
         assert needed in listing
+    page_text = sorted(f"explorer/app_text/{p.name}" for p in (hosting.ROOT / "explorer" / "app_text").glob("*.md"))
+    assert page_text and all(p in listing for p in page_text)  # the app reads its prose at start-up
+    smollm2 = ["assets/models/smollm2-135m/draft/model.safetensors",
+               "assets/models/smollm2-135m/diffusion/adapter_model.safetensors"]
+    assert all(p in listing for p in smollm2)  # the default preset's trained files
     assert not any(path.startswith(("tests/", "benchmarks/", ".venv")) for path in listing)
     assert sum(listing.values()) < 200 * 1024 * 1024
     big = [p for p, size in listing.items() if size > hosting.HUB_FILE_LIMIT]
