@@ -1,14 +1,15 @@
 """The numbers in assets/models/smollm2-135m/README.md, on held-out chat prompts (unseen topics).
 
-    python benchmarks/smollm2_card.py [--limit 12] [--threads 1] [--tokens 64] [--samples]
+    python benchmarks/smollm2_card.py [--limit 12] [--threads 1] [--tokens 64] [--samples] [--drafters assistant,model]
 
-1. Speculative decoding (trimmed-head draft, temperature 0) against autoregressive, timed
+1. Speculative decoding (the EAGLE head and the trimmed-head draft, temperature 0) against autoregressive, timed
    interleaved per prompt (AR, spec, AR, spec, ...): tokens per target pass, acceptance, the
    draft/target cost ratio c, and the speedup for each gamma; prompt lookup and early exit beside.
 2. Acceptance at temperature 0.7 (seeded).
 3. Diffusion quality at N = 64 next to the target's own temperature-1 samples: generative
    perplexity under the target, token entropy and the distinct 3-gram ratio (EOS ignored: fixed
    length, as vLLM's --ignore-eos). ``--samples`` prints twelve outputs of each side by side.
+4. The diffusion KV cache (none | prefix | dual) at K = N: speedup, token agreement with none, quality.
 """
 
 from __future__ import annotations
@@ -77,15 +78,43 @@ def speculative_table(models, prompts, gammas, tokens, drafters=("model",)):
                   f"[{min(per_prompt):.2f}, {max(per_prompt):.2f}] |")
 
 
-def sampled_acceptance(models, prompts, tokens, gamma, temperature=0.7):
+def sampled_acceptance(models, prompts, tokens, gamma, drafter, temperature=0.7):
     acc = prop = passes = new = 0
     for i, prompt in enumerate(prompts):
         spec = explorer.decode("speculative", models, prompt, max_new_tokens=tokens, gamma=gamma,
-                               temperature=temperature, seed=i)
+                               temperature=temperature, seed=i, drafter=drafter)
         acc, prop = acc + spec.stats["accepted"], prop + spec.stats["proposed"]
         passes, new = passes + spec.stats["target_forward_passes"], new + spec.stats["new_tokens"]
-    print(f"\n## Temperature {temperature}, gamma {gamma}: acceptance {acc / prop:.3f}, "
+    print(f"\n## Temperature {temperature}, drafter {drafter}, gamma {gamma}: acceptance {acc / prop:.3f}, "
           f"{new / passes:.2f} tokens per target pass ({len(prompts)} prompts, seeded)")
+
+
+def cache_table(models, prompts, lengths, block):
+    """Diffusion with the Fast-dLLM cache against none: speed (interleaved), token agreement, quality."""
+    fixed = ignoring_eos(models)
+    print(f"\n## Diffusion KV cache (K = N, blocks of {block}, temperature 0, EOS ignored, {len(prompts)} prompts)")
+    print("| N | cache | latency ms, median | speedup vs none | token agreement with none | "
+          "perplexity, median | entropy (bits), mean |")
+    print("|---|---|---|---|---|---|---|")
+    for n in lengths:
+        rows = {c: {"s": 0.0, "lat": [], "ppl": [], "ent": [], "agree": []} for c in ("none", "prefix", "dual")}
+        for prompt in prompts:
+            ref = None
+            for cache in ("none", "prefix", "dual"):  # interleaved per prompt
+                trace = explorer.decode("diffusion", fixed, prompt, max_new_tokens=n, steps=n, block_length=block,
+                                        cache=cache)
+                r = rows[cache]
+                r["s"] += trace.stats["wall_s"]
+                r["lat"].append(trace.stats["wall_s"] * 1e3)
+                q = score_quality(models, trace)
+                r["ppl"].append(q["perplexity"])
+                r["ent"].append(q["token_entropy_bits"])
+                ref = ref or trace.token_ids
+                r["agree"].append(sum(a == b for a, b in zip(ref, trace.token_ids, strict=False)) / len(ref))
+        for cache, r in rows.items():
+            print(f"| {n} | {cache} | {statistics.median(r['lat']):.0f} | {rows['none']['s'] / r['s']:.2f}x | "
+                  f"{statistics.mean(r['agree']):.3f} | {statistics.median(r['ppl']):.1f} | "
+                  f"{statistics.mean(r['ent']):.2f} |")
 
 
 def diffusion_table(models, prompts, n, block, show_samples, cache=None):
@@ -131,7 +160,9 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=8)
     ap.add_argument("--samples", action="store_true", help="print twelve outputs of AR and diffusion")
     ap.add_argument("--cache", default=None, help="diffusion KV cache for the diffusion rows (none|prefix|dual)")
-    ap.add_argument("--skip", default="", help="comma list of sections to skip: spec,sampled,others,diffusion")
+    ap.add_argument("--drafters", default="assistant,model", help="drafters of the gamma table")
+    ap.add_argument("--cache-lengths", default="64,128", help="N of the cache table")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: spec,sampled,others,diffusion,cache")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     skip = set(filter(None, args.skip.split(",")))
@@ -140,14 +171,18 @@ def main() -> None:
     prompts = heldout(args.limit)
     print(f"torch threads {args.threads}; cpu: {cpu_name()}; smollm2-135m loaded in {time.time() - start:.0f} s")
     gammas = [int(g) for g in args.gammas.split(",")]
+    drafters = args.drafters.split(",")
     if "spec" not in skip:
-        speculative_table(models, prompts, gammas, args.tokens)
+        speculative_table(models, prompts, gammas, args.tokens, drafters=drafters)
     if "others" not in skip:
-        speculative_table(models, prompts, [4], args.tokens, drafters=("prompt_lookup", "early_exit"))
+        speculative_table(models, prompts, [4], args.tokens, drafters=("prompt_lookup", "early_exit", "diffusion"))
     if "sampled" not in skip:
-        sampled_acceptance(models, prompts, args.tokens, gamma=models.preset.gamma)
+        for drafter in drafters:
+            sampled_acceptance(models, prompts, args.tokens, models.preset.gamma, drafter)
     if "diffusion" not in skip:
         diffusion_table(models, prompts, args.tokens, args.block, args.samples, args.cache)
+    if "cache" not in skip:
+        cache_table(models, prompts, [int(n) for n in args.cache_lengths.split(",")], args.block)
 
 
 if __name__ == "__main__":

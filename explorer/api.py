@@ -37,6 +37,8 @@ def make_config(method: str, models: Models, options: dict[str, Any]) -> DecodeC
     options = {k: v for k, v in options.items() if v is not None or k in ("top_k", "top_p", "threshold")}
     if method == "speculative" and "gamma" not in options:
         options["gamma"] = models.preset.gamma
+    if method == "speculative" and "drafter" not in options:
+        options["drafter"] = models.preset.drafter
     cfg = DecodeConfig(**options)
     validate(method, cfg)
     return cfg

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -134,6 +134,14 @@ class Exact:
     first: np.ndarray | None  # (S,) token ids enumerated at position 1
     p2: np.ndarray | None  # (S, V) target at position 2 after each enumerated first token
     eos: int | None = None  # a first token equal to EOS ends the output: its row is one-hot on EOS
+    # A drafter that reads the target's hidden states drafts nothing before the prefill (the first
+    # token comes from p); it drafts position 2 from the prefill's features and the first token:
+    q2: np.ndarray | None = None  # (S, V) its warped distribution at position 2 after each first token
+    q2_raw: np.ndarray | None = None  # (S, V) the same before warping
+
+    @property
+    def drafts_second(self) -> bool:
+        return self.q2 is not None
 
 
 def exact_distributions(models: Models, prompt: str, cfg) -> Exact:
@@ -153,7 +161,7 @@ def exact_distributions(models: Models, prompt: str, cfg) -> Exact:
             logits = drafter.model(input_ids=torch.tensor([ids], device=models.device)).logits[0, -1]
         logits = logits.double().cpu().numpy()
         q1[:], q1_raw[:] = reference_warp(logits, cfg.temperature, cfg.top_k, cfg.top_p), reference_warp(logits, 1.0)
-    else:  # a deterministic drafter (prompt lookup): q is one-hot on its proposal, warped or not
+    elif not getattr(drafter, "drafts_after_prefill", False):  # prompt lookup: q is one-hot on its proposal
         draft = drafter.propose(list(ids), 1, cfg, make_generator(0))
         if draft.tokens:
             q1[draft.tokens[0]] = q1_raw[draft.tokens[0]] = 1.0
@@ -166,7 +174,31 @@ def exact_distributions(models: Models, prompt: str, cfg) -> Exact:
     for i, x in enumerate(support):
         if x == eos:
             p2[i] = np.eye(len(p1))[eos]
-    return Exact(p1, q1, q1_raw, support, p2, eos)
+    exact = Exact(p1, q1, q1_raw, support, p2, eos)
+    if getattr(drafter, "drafts_after_prefill", False):
+        exact.q2, exact.q2_raw = second_step_drafts(models, ids, support, cfg, eos)
+    return exact
+
+
+def second_step_drafts(models: Models, ids: list[int], first: np.ndarray, cfg,
+                       eos: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """(S, V) warped and unwarped q at position 2 of a drafter that drafts after the prefill: for each first
+    token, a fresh drafter sees the prefill's hidden states (its own capture) and drafts one token."""
+    raw_cfg = replace(cfg, temperature=1.0, top_k=None, top_p=None)
+    out = {}
+    for name, c in (("warped", cfg), ("raw", raw_cfg)):
+        rows = []
+        for x in first:
+            drafter = make_drafter(models, c)
+            drafter.propose(list(ids), 1, c, make_generator(0))  # nothing to draft yet: arms the capture
+            with torch.inference_mode():
+                models.target(input_ids=torch.tensor([ids], device=models.device))  # the prefill
+            draft = drafter.propose(list(ids) + [int(x)], 1, c, make_generator(0))
+            empty = int(x) == eos or not draft.tokens  # an EOS ends the output: nothing is drafted after it
+            rows.append(np.zeros(len(draft.q[0]) if draft.tokens else models.target.config.vocab_size)
+                        if empty else draft.q[0].double().cpu().numpy())
+        out[name] = np.stack(rows)
+    return out["warped"], out["raw"]
 
 
 def _residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -180,18 +212,28 @@ def _accept(p: np.ndarray, q_verify: np.ndarray) -> np.ndarray:
         return np.where(q_verify > 0, np.minimum(1.0, p / q_verify), (p > 0).astype(float))
 
 
-def first_step(e: Exact, bug: str | None) -> tuple[np.ndarray, np.ndarray]:
-    """(distribution of the first emitted token, probability of 'drafted x and it was accepted' per x)."""
-    if not e.q1.any():  # nothing drafted: the first token is drawn from p
-        return e.p1, np.zeros_like(e.p1)
-    q_verify = e.q1_raw if bug == "q_before_warping" else e.q1
-    accepted = e.q1 * _accept(e.p1, q_verify)
-    residual = e.p1 if bug == "no_residual" else _residual(e.p1, q_verify)
+def verified_step(p: np.ndarray, q: np.ndarray, q_raw: np.ndarray, bug: str | None) -> tuple[np.ndarray, np.ndarray]:
+    """(distribution of the token a step emits at a drafted position, probability of 'drafted x and it
+    was accepted' per x), under the rule or one of the known bugs."""
+    if not q.any():  # nothing drafted: the token is drawn from p
+        return p, np.zeros_like(p)
+    q_verify = q_raw if bug == "q_before_warping" else q
+    accepted = q * _accept(p, q_verify)
+    residual = p if bug == "no_residual" else _residual(p, q_verify)
     return accepted + (1 - accepted.sum()) * residual, accepted
 
 
+def first_step(e: Exact, bug: str | None) -> tuple[np.ndarray, np.ndarray]:
+    """(distribution of the first emitted token, probability of 'drafted x and it was accepted' per x)."""
+    return verified_step(e.p1, e.q1, e.q1_raw, bug)
+
+
 def joint_two(e: Exact, bug: str | None) -> np.ndarray:
-    """(S, V) distribution of the first two tokens when the first step drafts exactly one token."""
+    """(S, V) distribution of the first two tokens when the first step drafts exactly one token, or (a
+    drafter that drafts after the prefill) when the second step does."""
+    if e.drafts_second:
+        rows = [verified_step(e.p2[i], e.q2[i], e.q2_raw[i], bug)[0] for i in range(len(e.first))]
+        return e.p1[e.first][:, None] * np.stack(rows)
     first, accepted = first_step(e, bug)
     f, a = first[e.first], accepted[e.first]
     if bug == "bonus_from_draft":
@@ -366,10 +408,16 @@ def plan_audit(models: Models, prompt: str, prefix_tokens: int, control: bool | 
     cfg = make_config("speculative", models, dict(options))
     exact = exact_distributions(models, prompt, cfg)
     joint = prefix_tokens >= 2 and exact.first is not None
-    decoded = max(2, prefix_tokens)
-    bug_joint = joint and min(cfg.gamma, decoded - 1) == 1
+    decoded = decoded_tokens(exact, prefix_tokens)
+    bug_joint = joint and min(cfg.gamma, decoded - 1 - exact.drafts_second) == 1
     covered = prefix_tokens == 1 or (prefix_tokens == 2 and joint)
     return _Plan(exact, joint, bug_joint, control=(not covered) if control is None else control)
+
+
+def decoded_tokens(exact: Exact, prefix_tokens: int) -> int:
+    """Tokens each sample decodes: at least two, so the first step drafts and verifies a token; three for a
+    drafter that drafts after the prefill (its first draft is token 2, verified in the second step)."""
+    return max(3 if exact.drafts_second else 2, prefix_tokens)
 
 
 def samples_for_detection(plan: _Plan, alpha: float = 0.01) -> int | None:
@@ -395,7 +443,7 @@ def run_audit(models: Models, prompt: str, samples: int | None = None, prefix_to
             notes.append(f"detecting every known bug needs {needed or f'over {MAX_SAMPLES}'} samples; "
                          f"capped at {max_samples}")
         samples = min(target, max_samples)
-    decoded = max(2, prefix_tokens)  # at least two, so the first step drafts and verifies a token
+    decoded = decoded_tokens(plan.exact, prefix_tokens)
     ar, spec, accepted, proposed = [], [], 0, 0
     for i in range(samples):
         if plan.control:

@@ -36,9 +36,9 @@ from transformers import DynamicCache
 
 import explorer
 from explorer.api import encode_prompt
-from explorer.config import CACHES, DRAFTERS, METHODS, SWEEP_CACHE, DecodeConfig, validate
+from explorer.config import CACHES, METHODS, SWEEP_CACHE, DecodeConfig, validate
 from explorer.diffusion import resolve_cache
-from explorer.drafters import same_tokenizer
+from explorer.drafters import available_drafters
 from explorer.errors import ExplorerError
 from explorer.events import Proposal, RefinementStep, TokenStep, Trace, Verification
 from explorer.metrics import PERCENTILES, inter_token_latencies, percentile, predicted_speedup, request_row, summarize
@@ -345,13 +345,13 @@ def _bench_note(s: Settings) -> str:
 def sweep_section(kind: str, models: Models, sets: list[PromptSet], s: Settings,
                   values: tuple | None = None) -> tuple[Section, pd.DataFrame]:
     """gamma / temperature / drafter: speculative configs next to their autoregressive baselines."""
-    drafters = [d for d in DRAFTERS if d != "model" or models.draft is not None]
+    drafters = available_drafters(models)
     gamma = s.gamma or models.preset.gamma
     if kind == "gamma":
         configs = [RunConfig("autoregressive", "autoregressive")] + [
             RunConfig("speculative", f"speculative[{s.drafter}, γ={g}]", {"gamma": g}, x=g) for g in values or GAMMAS]
     elif kind == "drafter_gamma":  # every drafter (the diffusion one where it applies) at each gamma
-        usable = [d for d in drafters if d != "diffusion" or _diffusion_drafts(models)]
+        usable = drafters
         configs = [RunConfig("autoregressive", "autoregressive")] + [
             RunConfig("speculative", f"speculative[{d}, γ={g}]", {"drafter": d, "gamma": g}, x=g)
             for g in values or DRAFT_GAMMAS for d in usable]
@@ -411,10 +411,6 @@ def diffusion_section(models: Models, sets: list[PromptSet], s: Settings, length
     section = Section("Diffusion break-even: output length N against steps K", [breakeven_figure(points, crossings)],
                       {"median latency per series and N": points, "crossovers": crossings}, notes)
     return section, frame
-
-
-def _diffusion_drafts(models: Models) -> bool:
-    return models.diffusion is not None and same_tokenizer(models.tokenizer, models.diffusion_tokenizer)
 
 
 def cache_section(models: Models, sets: list[PromptSet], s: Settings, lengths: tuple[int, ...] = CACHE_LENGTHS,

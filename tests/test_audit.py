@@ -85,3 +85,35 @@ def test_cells_rule_and_impossible_outcomes():
     assert audit.gof_p_value(np.array([0.5, 0.5, 0.0]), np.array([0, 1, 2] * 10))[0] == 0.0
     p_value, _ = audit.gof_p_value(np.array([0.5, 0.5]), np.array([0] * 60 + [1] * 40))
     assert p_value == pytest.approx(stats.chisquare([60, 40], [50, 50]).pvalue)
+
+
+# ------------------------------------------------------------------------------------------
+# a drafter that drafts after the prefill (the EAGLE head): its first draft is token 2
+
+ASSISTANT = dict(drafter="assistant", gamma=3, temperature=1.0, top_k=3)
+
+
+@pytest.fixture(scope="module")
+def mini():
+    return explorer.load_models("random-tiny", device="cpu")
+
+
+def test_the_audit_models_a_second_step_drafter(mini):
+    """The exact joint is unchanged (still the target's), the bugs now move it (they were invisible when
+    the audit assumed the first step drafts), and the sampled drafts are really verified."""
+    plan = audit.plan_audit(mini, "import os\n", 2, **ASSISTANT)
+    assert plan.exact.drafts_second and plan.bug_joint and not plan.exact.q1.any()
+    null = audit.joint_two(plan.exact, None)
+    np.testing.assert_allclose(null, plan.exact.p1[plan.exact.first][:, None] * plan.exact.p2, atol=1e-9)
+    tvs = {b["name"]: b["tv_here"] for b in audit._bug_table(plan, 100, 0.01)}
+    assert tvs["no_residual"] > 0.02 and tvs["q_before_warping"] > 0.04
+    result = audit.run_audit(mini, "import os\n", samples=200, **ASSISTANT)
+    assert result.status != "FAIL" and result.acceptance_rate > 0, result.verdict
+
+
+def test_a_known_bug_fails_with_a_second_step_drafter(mini, monkeypatch):
+    plan = audit.plan_audit(mini, "import os\n", 2, **ASSISTANT)
+    needed = {b["name"]: b["samples_needed"] for b in audit._bug_table(plan, 100, 0.01)}["q_before_warping"]
+    INJECT["q_before_warping"](monkeypatch)
+    result = audit.run_audit(mini, "import os\n", samples=needed, **ASSISTANT)
+    assert result.status == "FAIL", result.verdict

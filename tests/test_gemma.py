@@ -64,8 +64,8 @@ def test_assistant_drafter_is_chosen_for_an_assistant_draft(gemma):
     from explorer.drafters import make_drafter
 
     assert isinstance(make_drafter(gemma, DecodeConfig(drafter="model")), AssistantDrafter)
-    with pytest.raises(explorer.ExplorerError, match="assistant"):
-        make_drafter(explorer.load_models("random-tiny", device="cpu"), DecodeConfig(drafter="assistant"))
+    with pytest.raises(explorer.ExplorerError, match="reads the target's hidden states"):
+        make_drafter(explorer.load_models("tiny", device="cpu"), DecodeConfig(drafter="assistant"))
 
 
 def test_assistant_speculative_sampling_reproduces_with_a_seed(gemma):

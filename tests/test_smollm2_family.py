@@ -129,14 +129,15 @@ def mini_work(tmp_path_factory):
 
 def test_miniature_training_of_both_recipes_exports_files_that_load_and_decode(mini_work, monkeypatch):
     from explorer.diffusion_adapter import load_diffusion_adapter
-    from explorer.training.smollm2 import common, data, diffusion, draft, export
+    from explorer.eagle import load_eagle_head
+    from explorer.training.smollm2 import common, data, diffusion, draft, eagle, export
 
     monkeypatch.setattr(common, "HELDOUT_PROMPTS", 2)
     monkeypatch.setattr(common, "HELDOUT_TOKENS", 6)
     monkeypatch.setattr(diffusion, "DIFFUSION_ANSWER_TOKENS", 8)
     smollm2 = types.SimpleNamespace(generate_data=data.generate_data, load_rows=common.load_rows, TOP_K=common.TOP_K,
                                     train_draft=draft.train_draft, train_diffusion=diffusion.train_diffusion,
-                                    export=export.export, load_target=common.load_target)
+                                    train_eagle=eagle.train_eagle, export=export.export, load_target=common.load_target)
     info = smollm2.generate_data(mini_work, budget_min=0.001, batch=2, max_new=6)
     assert info["shards_made"] >= 1 and info["answer_tokens_total"] > 0
     again = smollm2.generate_data(mini_work, budget_min=0.001, batch=2, max_new=6)  # resumes at the next shard
@@ -148,20 +149,28 @@ def test_miniature_training_of_both_recipes_exports_files_that_load_and_decode(m
     assert draft_info["progress"]["tokens_seen"] > 0
     diff_info = smollm2.train_diffusion(mini_work, budget_min=0.05, rank=2, batch=2, min_rows=2)
     assert diff_info["progress"]["answer_tokens_seen"] > 0
+    eagle_info = smollm2.train_eagle(mini_work, budget_min=0.05, keep_vocab=64, depths=2, batch=2, min_rows=2)
+    assert eagle_info["progress"]["tokens_seen"] > 0 and 0 <= eagle_info["eval"]["agreement"] <= 1
+    assert len(list((mini_work / "eagle" / "feats").glob("shard_*.pt"))) == again["shards_total"]  # made by data
     smollm2.train_draft(mini_work, budget_min=0.01, layers=1, keep_vocab=64, batch=2, min_rows=2)  # resumes
     progress = torch.load(mini_work / "draft" / "ckpt.pt")["progress"]
     assert progress["runs"] == 2 and progress["steps"] > draft_info["progress"]["steps"]
     out = mini_work / "export"
     report = smollm2.export(mini_work, out)
     assert report["draft"]["kept_vocab"] == 64 and json.loads((out / "train_report.json").read_text())
+    assert report["eagle"]["kept_vocab"] == 64
+    assert {e["stage"] for e in report["log"]} >= {"draft_eval", "eagle_eval"}  # the learning curves
 
     target, tok = smollm2.load_target(mini_work)
     draft = load_trimmed_draft(out / "draft", target, torch.float32)
     diffusion = load_diffusion_adapter(out / "diffusion", target, torch.float32)
+    head = load_eagle_head(out / "eagle", target, torch.float32)
     models = Models(Preset("mini", "random", "", chat=True), tok, target, draft, diffusion, tok,
-                    torch.device("cpu"), torch.float32, diffusion_shift=True)
+                    torch.device("cpu"), torch.float32, diffusion_shift=True, assistant=head)
     ar = explorer.decode("autoregressive", models, "Tell me about tea.", max_new_tokens=8)
     spec = explorer.decode("speculative", models, "Tell me about tea.", max_new_tokens=8, gamma=3)
+    assert spec.token_ids == ar.token_ids
+    spec = explorer.decode("speculative", models, "Tell me about tea.", max_new_tokens=8, gamma=3, drafter="assistant")
     assert spec.token_ids == ar.token_ids
     diff = explorer.decode("diffusion", models, "Tell me about tea.", max_new_tokens=8, steps=8, block_length=4)
     assert diff.stats["target_forward_passes"] == 8 and diff.token_ids

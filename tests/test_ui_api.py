@@ -20,7 +20,7 @@ LANES = ["autoregressive", "speculative", "diffusion"]
 # gamma, adaptive_gamma, tokens_per_step (N/K), blocks (N / block length), remasking, threshold, flags;
 # then the playback speed (1 = real time)
 RESULT = 2  # /run outputs: frame, run table, token ids per lane, model info, figures ..., replay scrubber
-SETTINGS = (32, 0.0, 1.0, 0, "model", 4, False, 2, 2, "low_confidence", 0.0, list(ui.FLAG_FIELDS))
+SETTINGS = (32, 0.0, 1.0, 0, "model", 4, False, 2, 2, "low_confidence", 0.0, ui.Settings.cache, list(ui.FLAG_FIELDS))
 RUN_ARGS = (PROMPT, "random-tiny", LANES, *SETTINGS, 1.0)
 
 

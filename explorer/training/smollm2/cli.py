@@ -13,13 +13,14 @@ from explorer.training.smollm2.common import DEFAULT_WORK
 from explorer.training.smollm2.data import generate_data
 from explorer.training.smollm2.diffusion import train_diffusion
 from explorer.training.smollm2.draft import train_draft
+from explorer.training.smollm2.eagle import train_eagle
 from explorer.training.smollm2.export import export
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m explorer.train smollm2",
                                  description="Train the SmolLM2-135M draft and diffusion partner (CPU, resumable).")
-    ap.add_argument("stage", choices=["data", "draft", "diffusion", "export"], help="which stage to run")
+    ap.add_argument("stage", choices=["data", "draft", "eagle", "diffusion", "export"], help="which stage to run")
     ap.add_argument("--work-dir", type=Path, default=DEFAULT_WORK, help="checkpoints and data (default %(default)s)")
     ap.add_argument("--budget-min", type=float, default=30.0, help="wall-clock budget of this run, in minutes")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1: leave a core free)")
@@ -29,7 +30,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--part", type=int, default=0, help="data: this process's share (0 .. parts-1)")
     ap.add_argument("--parts", type=int, default=1, help="data: how many processes share the prompts")
     ap.add_argument("--layers", type=int, default=4, help="draft: decoder layers copied from the target")
-    ap.add_argument("--keep-vocab", type=int, default=8192, help="draft: size of the trimmed head (FR-Spec)")
+    ap.add_argument("--keep-vocab", type=int, default=None,
+                    help="draft, eagle: size of the trimmed head (FR-Spec; default 8192 draft, 16384 eagle)")
+    ap.add_argument("--depths", type=int, default=3, help="eagle: drafting steps unrolled in training")
     ap.add_argument("--lora-rank", type=int, default=16, help="diffusion: LoRA rank")
     ap.add_argument("--lr", type=float, default=None, help="peak learning rate")
     ap.add_argument("--out", type=Path, default=None, help="export: destination (default assets/models/smollm2-135m)")
@@ -53,8 +56,11 @@ def main(argv=None) -> None:
             generate_data(work, args.budget_min, batch=args.batch or 32, max_new=args.max_new, seed=args.seed,
                           part=args.part, parts=args.parts)
         elif args.stage == "draft":
-            train_draft(work, args.budget_min, layers=args.layers, keep_vocab=args.keep_vocab,
+            train_draft(work, args.budget_min, layers=args.layers, keep_vocab=args.keep_vocab or 8192,
                         batch=args.batch or 8, lr=args.lr or 3e-4, seed=args.seed)
+        elif args.stage == "eagle":
+            train_eagle(work, args.budget_min, keep_vocab=args.keep_vocab or 16384, depths=args.depths,
+                        batch=args.batch or 8, lr=args.lr or 5e-4, seed=args.seed)
         elif args.stage == "diffusion":
             train_diffusion(work, args.budget_min, rank=args.lora_rank, batch=args.batch or 4,
                             lr=args.lr or 5e-4, seed=args.seed)

@@ -22,6 +22,20 @@ from explorer.training.smollm2.common import (
 )
 
 
+class FeatureRecorder:
+    """Keeps the target body's final hidden states (after the norm) of every generation step, for the
+    EAGLE head (``eagle.py`` would otherwise need a second, teacher-forced pass over each answer)."""
+
+    def __init__(self, model):
+        self.parts: list[torch.Tensor] = []
+        self.handle = model.model.register_forward_hook(
+            lambda module, args, output: self.parts.append(output.last_hidden_state.to(torch.float16)))
+
+    def close(self) -> torch.Tensor:
+        self.handle.remove()
+        return torch.cat(self.parts, 1)  # (B, prompt + generated - 1, H)
+
+
 class TopKRecorder:
     """A logits processor that keeps the teacher's top-k log-probs at each step and changes nothing.
 
@@ -43,7 +57,8 @@ def generate_data(work: Path, budget_min: float, batch: int = 32, max_new: int =
                   part: int = 0, parts: int = 1) -> dict:
     """Append shards of (prompt ids, answer ids, teacher top-k) until the budget or the prompts run out.
 
-    Shard ``i`` holds prompts ``[i*batch, (i+1)*batch)`` of the fixed-order train split, so a run
+    The target's final hidden states along each prompt + answer are kept beside it (work/eagle/feats)
+    for the EAGLE head. Shard ``i`` holds prompts ``[i*batch, (i+1)*batch)`` of the fixed-order train split, so a run
     resumes at the first missing shard. Even shards are greedy, odd shards temperature 1.
     """
     budget = budget_seconds(budget_min)
@@ -63,15 +78,16 @@ def generate_data(work: Path, budget_min: float, batch: int = 32, max_new: int =
         enc = tok([chat_text(tok, p["prompt"]) for p in chunk], return_tensors="pt", padding=True)
         greedy = i % 2 == 0
         torch.manual_seed(seed * 100_003 + i)
-        recorder = TopKRecorder(TOP_K)
+        recorder, features = TopKRecorder(TOP_K), FeatureRecorder(model)
         with torch.inference_mode():
             out = model.generate(**enc, max_new_tokens=max_new, do_sample=not greedy,
                                  temperature=None if greedy else 1.0, top_k=None if greedy else 0, top_p=None,
                                  pad_token_id=tok.pad_token_id, logits_processor=[recorder],
                                  return_dict_in_generate=True)
         top_lp, top_id = torch.stack(recorder.values, 1), torch.stack(recorder.ids, 1)  # (B, T, k)
+        hidden = features.close()
         plen = enc.input_ids.shape[1]
-        rows = []
+        rows, feats = [], []
         for b, p in enumerate(chunk):
             prompt_ids = enc.input_ids[b][enc.attention_mask[b].bool()].tolist()
             answer = out.sequences[b, plen:].tolist()
@@ -81,7 +97,12 @@ def generate_data(work: Path, budget_min: float, batch: int = 32, max_new: int =
             rows.append({"id": p["id"], "prompt_ids": prompt_ids, "answer_ids": answer[:n],
                          "top_ids": top_id[b, :n].clone(), "top_lp": top_lp[b, :n].clone(),
                          "temperature": 0.0 if greedy else 1.0})
+            feats.append(hidden[b, plen - len(prompt_ids):plen + n - 1].clone())  # prompt + answer[:-1]
             tokens += n
+        feats_dir = work / "eagle" / "feats"
+        feats_dir.mkdir(parents=True, exist_ok=True)
+        torch.save(feats, feats_dir / f"shard_{i:05d}.tmp")  # before the shard: a shard never lacks features
+        (feats_dir / f"shard_{i:05d}.tmp").rename(feats_dir / f"shard_{i:05d}.pt")
         tmp = data / f"shard_{i:05d}.tmp"
         torch.save(rows, tmp)
         tmp.rename(data / f"shard_{i:05d}.pt")

@@ -16,19 +16,24 @@ ASSET_DIR = Path(__file__).resolve().parents[3] / "assets" / "models" / "smollm2
 
 
 def export(work: Path, out: Path | None = None) -> dict:
-    """Write the shipped artefacts from the latest checkpoints: ``draft/`` (trimmed-head draft, fp16)
-    and ``diffusion/`` (LoRA delta in fp32, mask embedding, diffusion_config.json)."""
+    """Write the shipped artefacts from the latest checkpoints: ``draft/`` (trimmed-head draft, fp16),
+    ``eagle/`` (EAGLE head, fp16) and ``diffusion/`` (LoRA delta in fp32, mask embedding, diffusion_config.json)."""
     from peft import get_peft_model_state_dict, set_peft_model_state_dict
     from safetensors.torch import save_file
 
+    from explorer.eagle import build_eagle_head, save_eagle_head
     from explorer.trimmed_draft import save_trimmed_draft
 
     out = (out or ASSET_DIR).expanduser()
     target, tok = load_target(work)
-    report = {"machine": machine()}
+    # a stage without a checkpoint here keeps its earlier entry (the report of the run that made it)
+    old = json.loads((out / "train_report.json").read_text()) if (out / "train_report.json").exists() else {}
+    report = {**old, "machine": machine()}
     draft_ckpt, diff_ckpt = work / "draft" / "ckpt.pt", work / "diffusion" / "ckpt.pt"
-    if not draft_ckpt.exists() and not diff_ckpt.exists():
-        raise ExplorerError(f"nothing to export: no checkpoint in {work / 'draft'} or {work / 'diffusion'}")
+    eagle_ckpt = work / "eagle" / "ckpt.pt"
+    if not any(p.exists() for p in (draft_ckpt, diff_ckpt, eagle_ckpt)):
+        raise ExplorerError(f"nothing to export: no checkpoint in {work / 'draft'}, {work / 'eagle'} or "
+                            f"{work / 'diffusion'}")
     if draft_ckpt.exists():
         ckpt = torch.load(draft_ckpt)
         draft = build_draft(target, ckpt["kept_ids"], ckpt["layers"])
@@ -37,6 +42,13 @@ def export(work: Path, out: Path | None = None) -> dict:
         report["draft"] = {"layers": ckpt["layers"], "kept_vocab": len(ckpt["kept_ids"]), **ckpt["progress"],
                            "params_without_embedding": sum(p.numel() for n, p in draft.named_parameters()
                                                            if "embed_tokens" not in n)}
+    if eagle_ckpt.exists():
+        ckpt = torch.load(eagle_ckpt)
+        head = build_eagle_head(target, ckpt["kept_ids"])
+        head.load_state_dict(ckpt["model"])
+        save_eagle_head(head, out / "eagle")
+        report["eagle"] = {"kept_vocab": len(ckpt["kept_ids"]), **ckpt["progress"],
+                           "params": sum(p.numel() for p in head.parameters())}
     if diff_ckpt.exists():
         ckpt = torch.load(diff_ckpt)
         rank = ckpt["progress"]["rank"]
@@ -54,8 +66,10 @@ def export(work: Path, out: Path | None = None) -> dict:
              "mask_token_id": mask_id, "shift_logits": True, "is_causal": False}, indent=2))
         report["diffusion"] = {"lora_rank": rank, "lora_params": sum(v.numel() for v in state.values()),
                                **ckpt["progress"]}
-    report["log"] = [json.loads(line) for line in (work / "log.jsonl").read_text().splitlines()
-                     if '"eval' in line]
+    logged = [e for e in map(json.loads, (work / "log.jsonl").read_text().splitlines())
+              if e["stage"].endswith("_eval")]
+    stages = {e["stage"] for e in logged}
+    report["log"] = [e for e in old.get("log", []) if e["stage"] not in stages] + logged
     (out / "train_report.json").write_text(json.dumps(report, indent=2))
     sizes = {str(p.relative_to(out)): round(p.stat().st_size / 2**20, 2) for p in sorted(out.rglob("*")) if p.is_file()}
     print(json.dumps(sizes, indent=2))

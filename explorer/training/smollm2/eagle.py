@@ -1,0 +1,243 @@
+"""Stage 2b: an EAGLE head for SmolLM2-135M, trained on the target's own features.
+
+Features: one teacher-forced target pass over each distilled answer gives f_i (the final hidden
+state, after the norm) at every position; they are cached per shard in ``work/eagle/feats`` (fp16).
+Training: ``EagleHead.forward_depths`` unrolls ``depths`` drafting steps at every position (EAGLE-3's
+training-time test); the loss at step d, position i is the KL divergence from the target's
+distribution of x_{i+2} (its LM head on the true f_{i+1}, over the kept tokens) to the head's (the
+same LM head on the predicted feature). Only answer positions whose chain starts at or after the
+last prompt token count. Budgeted, checkpointed every five minutes, resumable.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from explorer.errors import ExplorerError
+from explorer.training.smollm2.common import budget_seconds, heldout_answers, load_target, log_event
+from explorer.training.smollm2.draft import token_counts
+
+
+@torch.no_grad()
+def target_features(target, seqs: list[list[int]], batch: int = 8) -> list[torch.Tensor]:
+    """The target's final hidden states (after the norm), one (len, H) fp16 tensor per sequence."""
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    out: list[torch.Tensor | None] = [None] * len(seqs)
+    for start in range(0, len(order), batch):
+        idx = order[start:start + batch]
+        width = max(len(seqs[i]) for i in idx)
+        ids = torch.zeros((len(idx), width), dtype=torch.long)
+        mask = torch.zeros((len(idx), width), dtype=torch.long)
+        for b, i in enumerate(idx):
+            ids[b, :len(seqs[i])] = torch.tensor(seqs[i])
+            mask[b, :len(seqs[i])] = 1
+        hidden = target.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        for b, i in enumerate(idx):
+            out[i] = hidden[b, :len(seqs[i])].to(torch.float16).clone()
+    return out
+
+
+def sequence(row: dict) -> list[int]:
+    """prompt + answer without its last token: the positions whose features the head reads."""
+    return row["prompt_ids"] + row["answer_ids"][:-1]
+
+
+def cached_features(work: Path, target, bar: bool = True) -> list[tuple[dict, torch.Tensor]]:
+    """(row, features) for every answer of every data shard, extracting what is not cached yet."""
+    feats_dir = work / "eagle" / "feats"
+    feats_dir.mkdir(parents=True, exist_ok=True)
+    pairs = []
+    shards = sorted((work / "data").glob("shard_*.pt"))
+    for shard in tqdm(shards, desc="eagle features", disable=not bar):
+        rows = torch.load(shard)
+        cached = feats_dir / shard.name
+        if not cached.exists():
+            feats = target_features(target, [sequence(r) for r in rows])
+            torch.save(feats, cached.with_suffix(".tmp"))
+            cached.with_suffix(".tmp").rename(cached)
+        pairs += list(zip(rows, torch.load(cached), strict=True))
+    return pairs
+
+
+def batch_tensors(pairs: list[tuple[dict, torch.Tensor]]):
+    """Right-padded (next_ids (B, T), feats (B, T, H), prompt lengths, answer lengths)."""
+    width = max(f.shape[0] for _, f in pairs)
+    hidden = pairs[0][1].shape[1]
+    next_ids = torch.zeros((len(pairs), width), dtype=torch.long)
+    feats = torch.zeros((len(pairs), width, hidden))
+    for b, (row, f) in enumerate(pairs):
+        seq = row["prompt_ids"] + row["answer_ids"]
+        next_ids[b, :len(seq) - 1] = torch.tensor(seq[1:])
+        feats[b, :f.shape[0]] = f.float()
+    return next_ids, feats, [len(r["prompt_ids"]) for r, _ in pairs], [f.shape[0] for _, f in pairs]
+
+
+def loss_positions(prompt_lens: list[int], lengths: list[int], depth: int, width: int) -> torch.Tensor:
+    """(B, T) mask of positions i whose depth-``depth`` prediction (of x_{i+2}) is scored: the chain
+    starts at i - depth >= p - 1, and f_{i+1} exists (i + 1 < length)."""
+    i = torch.arange(width)[None]
+    p = torch.tensor(prompt_lens)[:, None]
+    n = torch.tensor(lengths)[:, None]
+    return (i - depth >= p - 1) & (i + 1 < n)
+
+
+def depth_losses(head, next_ids, feats, prompt_lens, lengths, depths: int, sample: int | None = 512,
+                 gen: torch.Generator | None = None) -> list[torch.Tensor]:
+    """Per drafting step: KL(target || head) over the kept tokens at ``sample`` random scored positions
+    (the LM head over 16k tokens dominates the cost), plus a smooth-L1 feature regression at all of
+    them (EAGLE's two terms)."""
+    outs = head.forward_depths(next_ids, feats, depths)
+    losses = []
+    for d, out in enumerate(outs):
+        mask = loss_positions(prompt_lens, lengths, d, feats.shape[1])[:, :-1]
+        predicted, true = out[:, :-1][mask], feats[:, 1:][mask]  # (N, H): f^_{i+1}, f_{i+1}
+        pick = torch.randperm(len(true), generator=gen)[:sample] if sample else slice(None)
+        with torch.no_grad():
+            teacher = torch.log_softmax(head.kept_logits(true[pick]), -1)
+        student = torch.log_softmax(head.kept_logits(predicted[pick]), -1)
+        kl = (teacher.exp() * (teacher - student)).sum(-1).mean()
+        losses.append(kl + torch.nn.functional.smooth_l1_loss(predicted, true))
+    return losses
+
+
+@torch.no_grad()
+def evaluate_eagle(head, pairs, gammas=(1, 2, 3, 4), batch: int = 8) -> dict:
+    """Greedy speculative decoding along the target's held-out greedy answers, exactly as the drafter
+    would run it: the prefill gives the first token; each later pass drafts a chain from the last
+    verified feature and keeps the run of drafts equal to the answer, plus one target token."""
+    head.eval()
+    depth = max(gammas)
+    hits = [[0, 0] for _ in range(depth)]
+    per_gamma = {g: [0, 0] for g in gammas}
+    for start in range(0, len(pairs), batch):
+        chunk = pairs[start:start + batch]
+        next_ids, feats, plens, lens = batch_tensors(chunk)
+        outs = head.forward_depths(next_ids, feats, depth)
+        preds = [head.kept_ids[head.kept_logits(o).argmax(-1)] for o in outs]  # (B, T) predicted x_{i+2}
+        for b, (row, _) in enumerate(chunk):
+            p, answer = plens[b], row["answer_ids"]
+            seq = row["prompt_ids"] + answer
+
+            def match(d, i, b=b, seq=seq, preds=preds):
+                return bool(preds[d][b, i] == seq[i + 2])
+
+            for d in range(depth):
+                for i in range(p - 1 + d, p + len(answer) - 2):
+                    hits[d][0] += match(d, i)
+                    hits[d][1] += 1
+            for g in gammas:
+                a, passes, end = p + 1, 1, p + len(answer)  # the prefill pass emits answer[0]
+                while a < end:
+                    run = 0
+                    while run < g and a + run < end and match(run, a - 2 + run):
+                        run += 1
+                    a += run + 1
+                    passes += 1
+                per_gamma[g][0] += len(answer)
+                per_gamma[g][1] += passes
+    head.train()
+    return {"agreement": hits[0][0] / max(1, hits[0][1]),
+            "acceptance_by_depth": [round(h / max(1, n), 4) for h, n in hits],
+            **{f"tokens_per_pass_g{g}": round(t / max(1, k), 4) for g, (t, k) in per_gamma.items()}}
+
+
+def heldout_pairs(work: Path, target, tok) -> list[tuple[dict, torch.Tensor]]:
+    path = work / "eagle" / "feats" / "heldout.pt"
+    rows = heldout_answers(work, target, tok)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(target_features(target, [sequence(r) for r in rows]), path)
+    return list(zip(rows, torch.load(path), strict=True))
+
+
+def train_eagle(work: Path, budget_min: float, keep_vocab: int = 16384, depths: int = 3, batch: int = 8,
+                lr: float = 5e-4, seed: int = 0, eval_every_s: float = 600.0, min_rows: int = 64) -> dict:
+    from explorer.eagle import build_eagle_head
+
+    budget = budget_seconds(budget_min)
+    if not 1 <= depths <= 8:
+        raise ExplorerError(f"--depths must be between 1 and 8 (got {depths})")
+    if not list((work / "data").glob("shard_*.pt")):
+        raise ExplorerError(f"no answers in {work / 'data'}; run the data stage first")
+    target, tok = load_target(work)
+    vocab = target.config.vocab_size
+    ckpt_path = work / "eagle" / "ckpt.pt"
+    ckpt_path.parent.mkdir(parents=True, exist_ok=True)
+    state = torch.load(ckpt_path) if ckpt_path.exists() else None
+    if state is not None:
+        kept_ids = state["kept_ids"]
+    else:
+        counts = token_counts(work, tok, vocab)
+        counts[tok.eos_token_id] += 1e9  # the end of turn must always be proposable
+        kept_ids = counts.topk(min(keep_vocab, vocab)).indices.sort().values
+    head = build_eagle_head(target, kept_ids)
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
+    progress = {"steps": 0, "tokens_seen": 0, "seconds": 0.0, "runs": 0}
+    if state is not None:
+        head.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        progress = state["progress"]
+    progress["runs"] += 1
+    heldout = heldout_pairs(work, target, tok)
+    gen = torch.Generator().manual_seed(seed + progress["runs"])
+    start = time.time()
+    pairs = cached_features(work, target)
+    if len(pairs) < min_rows:
+        raise ExplorerError(f"only {len(pairs)} answers in {work / 'data'} (at least {min_rows} needed)")
+    first = evaluate_eagle(head, heldout)
+    log_event(work, "eagle_eval", **progress, **first)
+    print(json.dumps({"start": first, **progress, "answers": len(pairs)}))
+    bar = tqdm(desc="eagle", total=int(budget), unit="s")
+    done, step_in_run, last_save, last_eval = False, 0, time.time(), time.time()
+    weights = [0.8 ** d for d in range(depths)]
+    while not done:
+        pairs = cached_features(work, target, bar=False)  # the data stage may still be adding shards
+        order = torch.randperm(len(pairs), generator=gen).tolist()
+        for s in range(0, len(order), batch):
+            elapsed = time.time() - start
+            if elapsed > budget:
+                done = True
+                break
+            warm = min(1.0, (step_in_run + 1) / 20)
+            for g in opt.param_groups:
+                g["lr"] = lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * elapsed / budget)))
+            next_ids, feats, plens, lens = batch_tensors([pairs[i] for i in order[s:s + batch]])
+            losses = depth_losses(head, next_ids, feats, plens, lens, depths, gen=gen)
+            loss = sum(w * x for w, x in zip(weights, losses, strict=True)) / sum(weights)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            step_in_run += 1
+            progress["steps"] += 1
+            progress["tokens_seen"] += int(sum(lens))
+            bar.update(int(time.time() - start) - bar.n)
+            bar.set_postfix(kl=" ".join(f"{x.item():.2f}" for x in losses), tokens=progress["tokens_seen"])
+            now = time.time()
+            if now - last_eval > eval_every_s:
+                last_eval = now
+                log_event(work, "eagle_eval", **progress, **evaluate_eagle(head, heldout))
+            if now - last_save > 300:
+                progress["seconds"] += now - last_save
+                last_save = now
+                save_eagle_ckpt(ckpt_path, head, opt, kept_ids, progress)
+    progress["seconds"] += time.time() - last_save
+    save_eagle_ckpt(ckpt_path, head, opt, kept_ids, progress)
+    final = evaluate_eagle(head, heldout)
+    log_event(work, "eagle_eval", **progress, **final)
+    print(json.dumps({"end": final, **progress}))
+    return {"progress": progress, "eval": final}
+
+
+def save_eagle_ckpt(path: Path, head, opt, kept_ids, progress: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save({"model": head.state_dict(), "opt": opt.state_dict(), "kept_ids": kept_ids,
+                "progress": dict(progress)}, tmp)
+    tmp.rename(path)

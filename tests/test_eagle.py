@@ -1,0 +1,210 @@
+"""The EAGLE head (explorer/eagle.py): a drafter that reads the target's final hidden states.
+
+References: the training forward (EAGLE-3's training-time test) against the drafting loop run step
+by step; greedy speculative decoding against autoregressive decoding; a chi-square test of tokens 2
+and 3 (the first that the head drafts) against a joint enumerated with plain numpy, with a negative
+control; file round trip and bad files.
+"""
+
+import numpy as np
+import pytest
+import torch
+from references import np_warp
+
+import explorer
+from explorer import speculative
+from explorer.config import DecodeConfig
+from explorer.drafters import available_drafters, make_drafter
+from explorer.eagle import FeatureDrafter, load_eagle_head, save_eagle_head
+from explorer.errors import ExplorerError
+from explorer.events import Proposal, Verification
+from explorer.models import Models, Preset, build_random_eagle, build_random_llama
+from tests.test_speculative_exact import chi_square_p
+
+
+@pytest.fixture(scope="module")
+def mini():
+    return explorer.load_models("random-tiny", device="cpu")
+
+
+def test_training_forward_matches_the_drafting_loop(mini):
+    """Depth d of ``forward_depths`` at position i is what the drafter computes at its d-th step of a
+    chain begun at i - d (true features before, its own predictions after)."""
+    head = build_random_eagle(mini.target, seed=7, noise=0.2)
+    ids = torch.randint(3, 200, (1, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        feats = mini.target.model(input_ids=ids).last_hidden_state  # (1, 24, H)
+        next_ids, feats = ids[:, 1:], feats[:, :-1]
+        outs = head.forward_depths(next_ids, feats, 3)
+        for start in (0, 4, 11, 19):
+            predicted, cache = head.step(next_ids[:, :start + 1], feats[:, :start + 1], 0, None)
+            predicted = predicted[:, -1:]
+            torch.testing.assert_close(predicted[0, 0], outs[0][0, start], atol=2e-4, rtol=1e-3)
+            for d in (1, 2):
+                position = start + d
+                predicted, cache = head.step(next_ids[:, position:position + 1], predicted, position, cache)
+                torch.testing.assert_close(predicted[0, 0], outs[d][0, position], atol=2e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 5])
+def test_greedy_speculative_with_the_head_equals_autoregressive(mini, gamma):
+    prompt = "def fibonacci(n):"
+    ar = explorer.decode("autoregressive", mini, prompt, max_new_tokens=40)
+    spec = explorer.decode("speculative", mini, prompt, max_new_tokens=40, drafter="assistant", gamma=gamma)
+    assert spec.token_ids == ar.token_ids
+    assert spec.stats["proposed"] > 0
+    adaptive = explorer.decode("speculative", mini, prompt, max_new_tokens=40, drafter="assistant", gamma=gamma,
+                               adaptive_gamma=True)
+    assert adaptive.token_ids == ar.token_ids
+
+
+def test_the_drafter_keeps_only_verified_features(mini):
+    """After a rejection the head's cache and features stop at the last verified position."""
+    cfg = DecodeConfig(max_new_tokens=30, gamma=4, drafter="assistant")
+    ids = mini.tokenizer("x = [").input_ids
+    checks = [e for e in speculative.decode_speculative(mini, ids, cfg) if isinstance(e, Verification)]
+    assert any(e.resampled is not None for e in checks), "the test needs a rejection"
+    # the head's cache holds only positions whose features the target verified (all but the newest token)
+    assert all(e.draft_cache_len <= e.target_cache_len for e in checks)
+    assert isinstance(make_drafter(mini, cfg), FeatureDrafter)
+    assert "assistant" in available_drafters(mini)
+    assert "assistant" not in available_drafters(explorer.load_models("tiny", device="cpu"))
+
+
+def test_each_draft_is_the_heads_chain_from_the_last_verified_feature(mini):
+    """Replaying a greedy decode teacher-forced: every draft the drafter made (up to the first
+    rejection) is the argmax of ``forward_depths`` at the chain begun two positions before the
+    newest token, over the target's features of the final sequence. A drafter that kept a rejected
+    draft's feature, or read one position off, drafts other tokens."""
+    cfg = DecodeConfig(max_new_tokens=40, gamma=3, drafter="assistant")
+    prompt = mini.tokenizer("for i in range(").input_ids
+    head = build_random_eagle(mini.target, seed=9, noise=0.5)  # noisy: the token and position matter
+    models = Models(mini.preset, mini.tokenizer, mini.target, None, None, mini.tokenizer, mini.device, mini.dtype,
+                    assistant=head)
+    events = list(speculative.decode_speculative(models, prompt, cfg))
+    tokens = list(prompt)
+    chains = []  # (length when proposed, drafts the target saw up to and including the first rejection)
+    for e in events:
+        if isinstance(e, Proposal) and e.tokens:
+            proposed_at, drafts = len(tokens), e.tokens
+        if isinstance(e, Verification):
+            if e.checks:
+                chains.append((proposed_at, drafts[:e.accepted + 1]))
+            tokens += e.emitted
+    assert sum(len(c) for _, c in chains) > 10
+    ids = torch.tensor([tokens])
+    with torch.no_grad():
+        feats = mini.target.model(input_ids=ids).last_hidden_state
+        outs = head.forward_depths(ids[:, 1:], feats[:, :-1], cfg.gamma)
+    for length, drafts in chains:
+        for d, token in enumerate(drafts):
+            assert int(head.full_logits(outs[d][0, length - 2 + d]).argmax()) == token
+
+
+def test_a_proposal_is_the_training_forward_over_its_own_drafts(mini):
+    """q of every drafted token equals what ``forward_depths`` gives at that depth when the drafts are
+    fed as the next tokens (positions and tokens of the chain line up with training)."""
+    head = build_random_eagle(mini.target, seed=9, noise=0.5)
+    models = Models(mini.preset, mini.tokenizer, mini.target, None, None, mini.tokenizer, mini.device, mini.dtype,
+                    assistant=head)
+    tokens = mini.tokenizer("import numpy as np\nx = np.").input_ids
+    cfg = DecodeConfig(temperature=1.0, gamma=4, drafter="assistant")
+    drafter = make_drafter(models, cfg)
+    drafter.propose(tokens[:-3], 4, cfg, torch.Generator())  # arms the capture; nothing to draft yet
+    with torch.no_grad():
+        mini.target(input_ids=torch.tensor([tokens]))  # the "verify pass": features of every position
+    draft = drafter.propose(tokens, 4, cfg, torch.Generator().manual_seed(3))
+    assert len(draft.tokens) == 4
+    seq = tokens + draft.tokens[:-1]
+    with torch.no_grad():
+        feats = mini.target.model(input_ids=torch.tensor([seq])).last_hidden_state  # true up to len(tokens) - 2
+        outs = head.forward_depths(torch.tensor([seq[1:]]), feats[:, :-1], 4)
+    for d, token in enumerate(draft.tokens):
+        q = torch.softmax(head.full_logits(outs[d][0, len(tokens) - 2 + d]), -1)
+        torch.testing.assert_close(draft.q[d], q, atol=1e-5, rtol=1e-4)
+        assert draft.q[d, token] > 0
+
+
+# ------------------------------------------------------------------------------------------
+# exactness with a trimmed head: tokens 2 and 3 (the prefill emits token 1; the head drafts after it)
+
+VOCAB, KEPT, TEMPERATURE, SAMPLES = 8, [0, 2, 5, 7], 0.9, 2400
+
+
+@pytest.fixture(scope="module")
+def trimmed():
+    target = build_random_llama(VOCAB, 16, 1, seed=24, std=0.6).eval()
+    head = build_random_eagle(target, seed=22, noise=0.1, kept=torch.tensor(KEPT))
+    tok = type("Tok", (), {"eos_token_id": None})()
+    return Models(Preset("stat", "random", ""), tok, target, None, None, tok, torch.device("cpu"), torch.float32,
+                  assistant=head)
+
+
+def joint_tokens_2_3(models, prompt):
+    """P(x2, x3) = sum over x1 of P(x1) P(x2 | x1) P(x3 | x1, x2) under the target, with numpy warping."""
+    def dist(ids):
+        with torch.inference_mode():
+            return np_warp(models.target(torch.tensor([ids])).logits[0, -1].numpy(), TEMPERATURE)
+
+    joint = np.zeros((VOCAB, VOCAB))
+    p1 = dist(prompt)
+    for x1 in range(VOCAB):
+        p2 = dist(prompt + [x1])
+        for x2 in range(VOCAB):
+            joint[x2] += p1[x1] * p2[x2] * dist(prompt + [x1, x2])
+    return joint
+
+
+def sample_tokens_2_3(models, prompt):
+    counts, accepted, rejected = np.zeros((VOCAB, VOCAB)), 0, 0
+    for seed in range(SAMPLES):
+        cfg = DecodeConfig(max_new_tokens=4, temperature=TEMPERATURE, seed=seed, gamma=2, drafter="assistant")
+        gen = speculative.decode_speculative(models, prompt, cfg)
+        try:
+            while True:
+                event = next(gen)
+                if isinstance(event, Verification):
+                    accepted += event.accepted
+                    rejected += event.resampled is not None
+        except StopIteration as stop:
+            x2, x3 = stop.value["tokens"][1:3]
+        counts[x2, x3] += 1
+    return counts, accepted, rejected
+
+
+def test_speculative_sampling_with_a_trimmed_eagle_head_is_exact(trimmed):
+    prompt = [1, 2, 3]
+    joint = joint_tokens_2_3(trimmed, prompt)
+    outside = [i for i in range(VOCAB) if i not in KEPT]
+    assert min(joint[outside].sum(), joint[:, outside].sum()) > 0.1, "needs mass the head cannot propose"
+    counts, accepted, rejected = sample_tokens_2_3(trimmed, prompt)
+    assert accepted > SAMPLES / 4 and rejected > SAMPLES / 4, "both rules must be exercised"
+    assert chi_square_p(counts, joint) > 1e-3
+
+
+def test_negative_control_accepting_every_draft_fails(trimmed, monkeypatch):
+    """Keeping every drafted token (no rejection) gives the head's distribution, not the target's."""
+    monkeypatch.setattr(speculative, "acceptance_probability", lambda p, q: 1.0)
+    prompt = [1, 2, 3]
+    assert chi_square_p(sample_tokens_2_3(trimmed, prompt)[0], joint_tokens_2_3(trimmed, prompt)) < 1e-3
+
+
+# ------------------------------------------------------------------------------------------
+# files
+
+def test_round_trip_and_bad_files(mini, tmp_path):
+    save_eagle_head(mini.assistant, tmp_path / "eagle", dtype=torch.float32)
+    loaded = load_eagle_head(tmp_path / "eagle", mini.target, torch.float32)
+    assert loaded.shared["embed"] is mini.target.get_input_embeddings().weight  # shared, not stored
+    ids, feats = torch.tensor([[5, 6, 7]]), torch.randn(1, 3, mini.target.config.hidden_size)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.step(ids, feats, 0, None)[0], mini.assistant.step(ids, feats, 0, None)[0])
+    sizes = Models(mini.preset, mini.tokenizer, mini.target, None, None, mini.tokenizer, mini.device, mini.dtype,
+                   assistant=loaded).memory_bytes()
+    assert sizes["assistant"] == loaded.head_bytes() > 0
+    (tmp_path / "eagle" / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ExplorerError, match=r"draft file is corrupt: .*model\.safetensors"):
+        load_eagle_head(tmp_path / "eagle", mini.target, torch.float32)
+    (tmp_path / "eagle" / "config.json").unlink()
+    with pytest.raises(ExplorerError, match=r"draft file missing: .*config\.json"):
+        load_eagle_head(tmp_path / "eagle", mini.target, torch.float32)
