@@ -1,6 +1,6 @@
 """How fast the UI is: app start, click to first animated frame, frames per second, UI overhead.
 
-    python benchmarks/ui_speed.py [--preset tiny] [--repeats 5] [--json out.json]
+    python benchmarks/ui_speed.py [--preset tiny] [--repeats 5] [--max-new 48] [--json out.json]
 
 A measurement, not a test: numbers depend on the machine and its load. Method:
   * start: a fresh interpreter imports the app, builds and launches it, then loads and warms up
@@ -18,6 +18,7 @@ A measurement, not a test: numbers depend on the machine and its load. Method:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import socket
 import statistics
@@ -34,7 +35,8 @@ CHROMIUM = "/usr/bin/chromium"
 SETTLE_S = 0.3  # quiet time before each measured decode (the previous one's output is still being handled)
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
         "--disable-component-update", "--disable-sync"]
-PROMPT = 'import os\n\n\ndef list_python_files(root):\n    """Return the paths of all .py files under root."""\n'
+PROMPT = "Write a Python function that lists the .py files under a folder."
+MAX_NEW: int | None = None  # --max-new: N for every lane (default: the app's)
 
 START_CHILD = """
 import time, json, sys
@@ -98,7 +100,7 @@ def measure_browser(preset: str, runs: int) -> dict:
             page = browser.new_page(viewport={"width": 1500, "height": 1000})
             page.goto(f"http://127.0.0.1:{port}/")
             page.wait_for_selector("#model-info >> text=Device", timeout=300_000)
-            page.fill("#prompt textarea", PROMPT)
+            _fill(page)
             for _ in range(runs):
                 page.evaluate(OBSERVER)
                 page.wait_for_function("window.frames.length && window.frames.at(-1).done === 3", timeout=300_000)
@@ -106,11 +108,21 @@ def measure_browser(preset: str, runs: int) -> dict:
                 results.append(_frame_stats(page.evaluate("[window.clicked, window.frames]")))
                 page.reload()
                 page.wait_for_selector("#model-info >> text=Device", timeout=300_000)
-                page.fill("#prompt textarea", PROMPT)
+                _fill(page)
             browser.close()
     finally:
         demo.close()
     return {key: statistics.median(r[key] for r in results) for key in results[0]} | {"runs": len(results)}
+
+
+def _fill(page) -> None:
+    """The prompt, and N when --max-new is given (the slider's number box, committed with Enter)."""
+    page.fill("#prompt textarea", PROMPT)
+    if MAX_NEW:
+        box = page.locator("#max-new input[type=number]")
+        box.fill(str(MAX_NEW))
+        box.press("Enter")
+        page.wait_for_timeout(300)
 
 
 def _frame_stats(data: list) -> dict:
@@ -136,7 +148,9 @@ def measure_overhead(preset: str, repeats: int) -> dict:
     from explorer import render, ui
 
     models = ui.load_preset(preset)
-    settings = ui.Settings()
+    settings = ui.preset_settings(preset)
+    if MAX_NEW:
+        settings = dataclasses.replace(settings, max_new_tokens=MAX_NEW)
     demo = ui.build_demo()
     port = free_port()
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
@@ -196,7 +210,10 @@ def main() -> None:
                         "on a CPU shared with other jobs, where 2 OpenMP threads on 1 free core stall")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--skip-overhead", action="store_true", help="only app start and click -> frame")
+    parser.add_argument("--max-new", type=int, help="N of every lane (default: the app's)")
     args = parser.parse_args()
+    global MAX_NEW
+    MAX_NEW = args.max_new
     import torch
 
     if args.threads:

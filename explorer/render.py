@@ -359,7 +359,9 @@ def total_steps(trace: Trace) -> int | None:
 def lane_detail(method: str, config: dict[str, Any]) -> str:
     """A short description of a lane's settings for its header."""
     if method == "speculative":
-        return f"{config.get('drafter', 'model')} drafter, γ = {config.get('gamma')}"
+        drafter = config.get("drafter", "model")
+        drafter = "assistant (reads the target's features)" if drafter == "assistant" else drafter
+        return f"{drafter} drafter, γ = {config.get('gamma')}"
     if method == "diffusion":
         n = config["max_new_tokens"]
         steps, block = config.get("steps") or n, config.get("block_length") or n

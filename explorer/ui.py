@@ -998,15 +998,15 @@ PAGE_CSS = (HERE.parent / "assets" / "page.css").read_text(encoding="utf-8")
 # ----------------------------------------------------------------------------------------------
 # examples
 
-EXAMPLE_LABELS = ["code completion", "code editing (prompt lookup wins)", "prose", "non-English",
+EXAMPLE_LABELS = ["explain (prose)", "write code", "edit code (prompt lookup wins)", "non-English (domain shift)",
                   "high temperature (speculation can lose)"]
+# Chat prompts for the default preset (SmolLM2-135M-Instruct); a drafter of None keeps the preset's own.
 EXAMPLES = [
-    ['import os\n\n\ndef list_python_files(root):\n    """Return the paths of all .py files under root."""\n',
-     "model", 0.0],
-    ['def area(width, height):\n    """Return the area of a rectangle."""\n    if width < 0 or height < 0:\n'
-     '        raise ValueError("negative size")\n    return width * height\n\n\n'
-     "# The same function, renamed:\ndef rectangle_area(width, height):\n", "prompt_lookup", 0.0],
-    ["Once upon a time, in a small village by the sea, there lived", "model", 0.0],
-    ["Es war einmal ein kleines Mädchen, das in einem Dorf am Meer lebte. Eines Tages", "model", 0.0],
-    ["class Stack:\n    def __init__(self):\n", "model", 1.5],
+    ["Explain photosynthesis in simple terms.", None, 0.0],
+    ["Write a Python function that checks whether a number is prime.", None, 0.0],
+    ["Rename the function `area` to `rectangle_area` and return the whole code:\n\n"
+     "def area(width, height):\n    if width < 0 or height < 0:\n        raise ValueError(\"negative size\")\n"
+     "    return width * height\n", "prompt_lookup", 0.0],
+    ["Erkläre in einfachen Worten, wie ein Regenbogen entsteht.", None, 0.0],
+    ["Write a short poem about the sea.", None, 1.5],
 ]

@@ -28,7 +28,8 @@ def test_bundle_builds_and_passes_its_checks(bundle):
     page_text = sorted(f"explorer/app_text/{p.name}" for p in (hosting.ROOT / "explorer" / "app_text").glob("*.md"))
     assert page_text and all(p in listing for p in page_text)  # the app reads its prose at start-up
     smollm2 = ["assets/models/smollm2-135m/draft/model.safetensors",
-               "assets/models/smollm2-135m/diffusion/adapter_model.safetensors"]
+               "assets/models/smollm2-135m/diffusion/adapter_model.safetensors",
+               "assets/models/smollm2-135m/eagle/model.safetensors"]
     assert all(p in listing for p in smollm2)  # the default preset's trained files
     assert not any(path.startswith(("tests/", "benchmarks/", ".venv")) for path in listing)
     assert sum(listing.values()) < 200 * 1024 * 1024

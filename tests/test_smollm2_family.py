@@ -161,6 +161,10 @@ def test_miniature_training_of_both_recipes_exports_files_that_load_and_decode(m
     assert report["eagle"]["kept_vocab"] == 64
     assert {e["stage"] for e in report["log"]} >= {"draft_eval", "eagle_eval"}  # the learning curves
 
+    (mini_work / "draft" / "ckpt.pt").rename(mini_work / "draft" / "old.pt")  # a fresh machine: only the export
+    smollm2.train_draft(mini_work, budget_min=0.01, layers=1, batch=2, min_rows=2, init_from=out / "draft")
+    restarted = torch.load(mini_work / "draft" / "ckpt.pt")
+    assert restarted["progress"]["runs"] == 1 and torch.equal(restarted["kept_ids"], report_kept(out))
     target, tok = smollm2.load_target(mini_work)
     draft = load_trimmed_draft(out / "draft", target, torch.float32)
     diffusion = load_diffusion_adapter(out / "diffusion", target, torch.float32)
@@ -175,6 +179,12 @@ def test_miniature_training_of_both_recipes_exports_files_that_load_and_decode(m
     diff = explorer.decode("diffusion", models, "Tell me about tea.", max_new_tokens=8, steps=8, block_length=4)
     assert diff.stats["target_forward_passes"] == 8 and diff.token_ids
     assert getattr(target.config, "is_causal", True) is not False  # the adapter worked on a copy
+
+
+def report_kept(out):
+    from safetensors.torch import load_file
+
+    return load_file(str(out / "draft" / "model.safetensors"))["kept_ids"]
 
 
 def test_training_cli_rejects_bad_budgets_and_paths(tmp_path, capsys):

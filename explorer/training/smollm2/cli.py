@@ -33,6 +33,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--keep-vocab", type=int, default=None,
                     help="draft, eagle: size of the trimmed head (FR-Spec; default 8192 draft, 16384 eagle)")
     ap.add_argument("--depths", type=int, default=3, help="eagle: drafting steps unrolled in training")
+    ap.add_argument("--init-from", type=Path, default=None,
+                    help="draft: start from an exported draft folder (e.g. assets/models/smollm2-135m/draft) "
+                         "when the work dir has no checkpoint")
     ap.add_argument("--lora-rank", type=int, default=16, help="diffusion: LoRA rank")
     ap.add_argument("--lr", type=float, default=None, help="peak learning rate")
     ap.add_argument("--out", type=Path, default=None, help="export: destination (default assets/models/smollm2-135m)")
@@ -57,7 +60,7 @@ def main(argv=None) -> None:
                           part=args.part, parts=args.parts)
         elif args.stage == "draft":
             train_draft(work, args.budget_min, layers=args.layers, keep_vocab=args.keep_vocab or 8192,
-                        batch=args.batch or 8, lr=args.lr or 3e-4, seed=args.seed)
+                        batch=args.batch or 8, lr=args.lr or 3e-4, seed=args.seed, init_from=args.init_from)
         elif args.stage == "eagle":
             train_eagle(work, args.budget_min, keep_vocab=args.keep_vocab or 16384, depths=args.depths,
                         batch=args.batch or 8, lr=args.lr or 5e-4, seed=args.seed)

@@ -136,7 +136,11 @@ def evaluate_draft(draft, heldout: list[dict], gammas=(1, 2, 4)) -> dict:
 
 
 def train_draft(work: Path, budget_min: float, layers: int = 4, keep_vocab: int = 8192, batch: int = 8,
-                lr: float = 3e-4, seed: int = 0, eval_every_s: float = 600.0, min_rows: int = 64) -> dict:
+                lr: float = 3e-4, seed: int = 0, eval_every_s: float = 600.0, min_rows: int = 64,
+                init_from: Path | None = None) -> dict:
+    """Train (or resume) the trimmed-head draft. Without a checkpoint in ``work/draft``, ``init_from`` (an
+    exported draft folder, e.g. the shipped assets/models/smollm2-135m/draft) starts it from those weights and
+    their kept set, with a fresh optimizer, instead of from the target's first layers."""
     budget = budget_seconds(budget_min)
     if not 1 <= layers < 30:
         raise ExplorerError(f"--layers must be between 1 and 29 (got {layers})")
@@ -148,18 +152,29 @@ def train_draft(work: Path, budget_min: float, layers: int = 4, keep_vocab: int 
     ckpt_path = work / "draft" / "ckpt.pt"
     ckpt_path.parent.mkdir(exist_ok=True)
     vocab = target.config.vocab_size
+    init = None
     if ckpt_path.exists():
         ckpt = torch.load(ckpt_path)
         kept_ids, state = ckpt["kept_ids"], ckpt
         if ckpt["layers"] != layers:
             raise ExplorerError(f"{ckpt_path} holds a {ckpt['layers']}-layer draft; pass --layers {ckpt['layers']} "
                                 "or move it away")
+    elif init_from is not None:
+        from explorer.trimmed_draft import load_trimmed_draft
+
+        init = load_trimmed_draft(init_from, target, torch.float32)
+        kept_ids, state, layers = init.kept_ids.clone(), None, init.config.num_hidden_layers
     else:
         counts = token_counts(work, tok, vocab)
         counts[tok.eos_token_id] += 1e9  # the end of turn must always be proposable
         kept_ids = counts.topk(min(keep_vocab, vocab)).indices.sort().values
         state = None
     draft = build_draft(target, kept_ids, layers)
+    if init is not None:
+        missing, unexpected = draft.load_state_dict({k: v.float() for k, v in init.state_dict().items()
+                                                     if not k.startswith("model.embed_tokens")}, strict=False)
+        if unexpected or [k for k in missing if not k.startswith("model.embed_tokens")]:
+            raise ExplorerError(f"--init-from {init_from} does not match the draft ({unexpected[:2]}, {missing[:2]})")
     draft.model.embed_tokens.requires_grad_(False)
     trim_index = torch.full((vocab,), -1, dtype=torch.long)
     trim_index[kept_ids] = torch.arange(len(kept_ids))
