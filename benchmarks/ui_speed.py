@@ -42,7 +42,7 @@ t0 = time.perf_counter()
 sys.path.insert(0, {root!r})
 from explorer import ui
 t_import = time.perf_counter()
-demo = ui.build_demo()
+demo = ui.build_demo(default_preset={preset!r})
 t_build = time.perf_counter()
 demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port={port}, quiet=True)
 t_launch = time.perf_counter()
@@ -87,8 +87,7 @@ def measure_browser(preset: str, runs: int) -> dict:
 
     from explorer import ui
 
-    ui.DEFAULT_PRESET = preset
-    demo = ui.build_demo()
+    demo = ui.build_demo(default_preset=preset)
     port = free_port()
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
     results = []
@@ -137,7 +136,7 @@ def measure_overhead(preset: str, repeats: int) -> dict:
 
     models = ui.load_preset(preset)
     settings = ui.Settings()
-    demo = ui.build_demo()
+    demo = ui.build_demo(default_preset=preset)
     port = free_port()
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
     client = Client(f"http://127.0.0.1:{port}/", verbose=False)

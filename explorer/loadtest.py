@@ -66,11 +66,7 @@ def start_app(preset: str) -> tuple[object, str]:
     """Build the app on ``preset`` and serve it on a free loopback port; returns (demo, url)."""
     from explorer import ui
 
-    default, ui.DEFAULT_PRESET = ui.DEFAULT_PRESET, preset
-    try:
-        demo = ui.build_demo()
-    finally:
-        ui.DEFAULT_PRESET = default
+    demo = ui.build_demo(default_preset=preset)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

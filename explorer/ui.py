@@ -731,11 +731,11 @@ def _build_prompt(c: Controls) -> None:
                                       info="large type, sidebar closed")
 
 
-def _build_settings(c: Controls) -> list[Any]:
+def _build_settings(c: Controls, default_preset: str) -> list[Any]:
     """The sidebar: preset, lanes and every decoding control; returns the Settings components."""
-    d = preset_settings()
+    d = preset_settings(default_preset)
     choices, hidden_note = hosting.preset_choices()  # GPU presets only where CUDA is; random-gemma4 nowhere
-    c.preset = gr.Dropdown(choices, value=DEFAULT_PRESET, label="Preset", info=hidden_note)
+    c.preset = gr.Dropdown(choices, value=default_preset, label="Preset", info=hidden_note)
     c.lanes = gr.CheckboxGroup(list(METHODS), value=list(METHODS), label="Lanes",
                                info="autoregressive = the reference every speedup is measured against")
     c.speed = gr.Dropdown(SPEEDS, value=0.0, label="Playback", elem_id="speed",
@@ -877,15 +877,15 @@ def run_audit_tab(prompt: str, preset: str, temperature: float, top_k: int, gamm
     return f"### {result.status}\n\n```\n" + "\n".join(lines) + "\n```"
 
 
-def build_demo() -> gr.Blocks:
-    """The whole app; ``app.py`` exposes it as the module-level ``demo``."""
+def build_demo(default_preset: str = DEFAULT_PRESET) -> gr.Blocks:
+    """The whole app, opening on ``default_preset``; ``app.py`` exposes it as the module-level ``demo``."""
     c = Controls()
     with gr.Blocks(title="Decoding explorer", fill_width=True) as demo:
         gr.HTML(f"<style>{PAGE_CSS}</style>", apply_default_css=False, padding=False, elem_id="page-style")
         gr.Markdown(read_text("intro.md"), elem_id="intro")
         c.history, c.current = gr.State([]), gr.State(None)
         with gr.Sidebar(label="Settings", width=330, elem_id="sidebar") as c.sidebar:
-            c.settings = _build_settings(c)
+            c.settings = _build_settings(c, default_preset)
         _build_prompt(c)
         _build_examples(c)
         _build_lanes(c)
