@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from explorer.events import Event, Prefill, Proposal, RefinementStep, TokenStep, Trace, Verification
+from explorer.events import Event, Proposal, RefinementStep, TokenStep, Trace, Verification
 
 Piece = Callable[[int], str]  # token id -> its text
 STATUSES = ("waiting", "running", "done", "stopped", "error")
@@ -250,8 +250,7 @@ def lane_counts(method: str, events: Sequence[Event], max_new_tokens: int) -> di
         n = sum(isinstance(e, TokenStep) for e in events)
         return {"tokens": n, "target_passes": n}
     if method == "speculative":
-        target = sum(isinstance(e, Verification) or (isinstance(e, Prefill) and e.model == "target")
-                     for e in events)
+        target = sum(isinstance(e, Verification) for e in events)  # the first verify pass is the prefill
         draft = sum(e.draft_passes for e in events if isinstance(e, Proposal))
         ver = [e for e in events if isinstance(e, Verification)]
         drafted = {e.step: len(e.tokens) for e in events if isinstance(e, Proposal)}

@@ -237,3 +237,23 @@ def test_cli_audit_verdicts_json_and_text(capsys):
     assert code == 3 and out.strip().splitlines()[-1].startswith("INCONCLUSIVE")
     assert re.search(r"about \d+ samples would suffice", out)  # with the control: 4 tests, a stricter level
     assert "two-sample AR vs speculative" in out
+
+
+def test_every_drafter_meets_the_drafter_protocol(random_models):
+    """make_drafter returns a Drafter; a proposal has g <= gamma tokens and one q row (V,) per token."""
+    from explorer.config import DecodeConfig
+    from explorer.drafters import Draft, Drafter, available_drafters, make_drafter
+    from explorer.sampling import make_generator
+
+    ids = random_models.tokenizer("def parse(line): return line def parse(").input_ids
+    vocab = random_models.target.get_output_embeddings().weight.shape[0]
+    for name in available_drafters(random_models):
+        cfg = DecodeConfig(drafter=name, temperature=1.0)
+        drafter = make_drafter(random_models, cfg)
+        assert isinstance(drafter, Drafter) and isinstance(drafter.name, str)
+        draft = drafter.propose(ids, 3, cfg, make_generator(0))
+        assert isinstance(draft, Draft) and len(draft.tokens) <= 3
+        if draft.tokens:
+            assert tuple(draft.q.shape) == (len(draft.tokens), vocab)
+        drafter.rollback(len(ids))
+        assert drafter.cache_len is None or drafter.cache_len <= len(ids)

@@ -116,7 +116,7 @@ def sample_two_tokens(models, prompt_ids, passes):
     for seed in range(SAMPLES):
         cfg = DecodeConfig(max_new_tokens=2, temperature=TEMPERATURE, top_k=TOP_K, seed=seed, gamma=2,
                            drafter="diffusion", draft_passes=passes)
-        x1, x2 = run(speculative.decode_speculative(models, prompt_ids, cfg))[0]["tokens"]
+        x1, x2 = run(speculative.decode_speculative(models, prompt_ids, cfg))[0].tokens
         counts[x1, x2] += 1
     return counts
 
@@ -177,13 +177,13 @@ def test_cache_reuse_is_real(random_models):
                                      dict(max_new_tokens=16, steps=16, threshold=0.3)])
 def test_cache_refreshed_every_step_gives_the_output_of_none(random_models, cache, options):
     ids = random_models.tokenizer("import os\n").input_ids
-    none = run(decode_diffusion(random_models, ids, DecodeConfig(cache="none", **options)))[0]["tokens"]
+    none = run(decode_diffusion(random_models, ids, DecodeConfig(cache="none", **options)))[0].tokens
     fed = []
     handle = random_models.diffusion.register_forward_hook(
         lambda m, args, kwargs, out: fed.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
     try:
         refreshed = run(decode_diffusion(random_models, ids, DecodeConfig(cache=cache, **options),
-                                         refresh_every_step=True))[0]["tokens"]
+                                         refresh_every_step=True))[0].tokens
     finally:
         handle.remove()
     assert refreshed == none

@@ -167,7 +167,7 @@ def sample_tokens_2_3(models, prompt):
                     accepted += event.accepted
                     rejected += event.resampled is not None
         except StopIteration as stop:
-            x2, x3 = stop.value["tokens"][1:3]
+            x2, x3 = stop.value.tokens[1:3]
         counts[x2, x3] += 1
     return counts, accepted, rejected
 

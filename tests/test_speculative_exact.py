@@ -137,7 +137,7 @@ def sample_two_tokens(models, prompt_ids, vocab=VOCAB, samples=SAMPLES, temperat
             while True:
                 next(gen)
         except StopIteration as stop:
-            x1, x2 = stop.value["tokens"]
+            x1, x2 = stop.value.tokens
         counts[x1, x2] += 1
     return counts
 
