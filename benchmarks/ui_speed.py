@@ -140,8 +140,7 @@ def measure_overhead(preset: str, repeats: int) -> dict:
     port = free_port()
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
     client = Client(f"http://127.0.0.1:{port}/", verbose=False)
-    values = [list(v) if isinstance(v, tuple) else v for v in (getattr(settings, n) for n in ui.SETTING_NAMES)]
-    args = (PROMPT, preset, list(ui.METHODS), *values, 1.0)  # playback at real time: the shortest run
+    args = (PROMPT, preset, list(ui.METHODS), *settings.as_inputs(), 1.0)  # playback at real time: the shortest run
     bare: dict[str, list[float]] = {m: [] for m in ui.METHODS}
     in_app: dict[str, list[float]] = {m: [] for m in ui.METHODS}
     frames: list[int] = []
@@ -152,7 +151,7 @@ def measure_overhead(preset: str, repeats: int) -> dict:
                 bare[method].append(_decode_in_thread(explorer, method, models, settings.options(method)))
             time.sleep(SETTLE_S)
             job = client.submit(*args, api_name="/run")
-            result = job.result(timeout=600)[2]
+            result = job.result(timeout=600)[ui.RUN_OUTPUTS.index("result")]
             frames.append(len(job.outputs()))
             for method in ui.METHODS:
                 in_app[method].append(result[method]["stats"]["wall_s"])

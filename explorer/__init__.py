@@ -1,6 +1,6 @@
 """Decoding explorer: speculative and masked-diffusion decoding, side by side, measured.
 
-Public API (DESIGN.md, contract)::
+Public API (the contract: docs/design.md, section 3)::
 
     import explorer
     models = explorer.load_models("tiny")

@@ -74,7 +74,7 @@ def stream(method: str, models: Models, prompt: str, **options: Any) -> Generato
 
 
 def decode(method: str, models: Models, prompt: str, **options: Any) -> Trace:
-    """Run one decode to completion (see DESIGN.md for the options) and return its Trace."""
+    """Run one decode to completion and return its Trace (options: config.DecodeConfig, config.OPTION_HELP)."""
     gen = stream(method, models, prompt, **options)
     try:
         while True:

@@ -41,8 +41,9 @@ from explorer.diffusion import resolve_cache
 from explorer.drafters import available_drafters
 from explorer.errors import ExplorerError
 from explorer.events import Proposal, RefinementStep, TokenStep, Trace, Verification
+from explorer.flags import add_model_arguments, add_option_arguments, option_help
 from explorer.metrics import PERCENTILES, inter_token_latencies, percentile, predicted_speedup, request_row, summarize
-from explorer.models import DEFAULT_PRESET, Models, synchronize
+from explorer.models import Models, synchronize
 from explorer.report import (
     Section,
     batch_figure,
@@ -77,14 +78,14 @@ BATCHES = (1, 2, 4, 8, 16, 32)
 class Settings:
     """Everything a run needs besides the models and prompts (the CLI fills it from its flags)."""
 
-    max_new_tokens: int = 64
-    temperature: float = 0.0
+    max_new_tokens: int = DecodeConfig.max_new_tokens
+    temperature: float = DecodeConfig.temperature
     gamma: int | None = None  # None: the preset's
-    drafter: str = "model"
+    drafter: str = DecodeConfig.drafter
     steps: int | None = None
     block_length: int | None = None
     cache: str | None = None  # diffusion KV cache; None: the default (config.DEFAULT_CACHE)
-    seed: int = 0
+    seed: int = DecodeConfig.seed
     repeats: int = 1
     warmup: int = 1
     ignore_eos: bool = False
@@ -754,25 +755,19 @@ def peer_section(models: Models, sets: list[PromptSet], s: Settings) -> tuple[Se
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of ``python -m explorer bench`` (the CLI adds only the subcommand)."""
-    p.add_argument("--preset", default=DEFAULT_PRESET)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default=None)
+    add_model_arguments(p)
     p.add_argument("--prompts", default="code",
                    help="shipped set(s) (code, code_edit, prose, multilingual, high_temperature) or file(s), "
                         "comma-separated; a file holds one prompt a line or JSONL {prompt, temperature, id}")
     p.add_argument("--limit", type=int, default=None, help="use the first N prompts of each set")
-    p.add_argument("--methods", default="autoregressive,speculative,diffusion")
-    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated: {', '.join(METHODS)}")
+    p.add_argument("--repeats", type=int, default=1, help="timed requests per prompt and config")
     p.add_argument("--warmup", type=int, default=1, help="unrecorded requests per config before timing")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--gamma", type=int, default=None)
-    p.add_argument("--drafter", default="model")
-    p.add_argument("--steps", type=int, default=None, help="diffusion steps K (default: max_new_tokens)")
-    p.add_argument("--block-length", type=int, default=None)
-    p.add_argument("--cache", default=None, help="diffusion KV cache: none, prefix or dual (default: "
-                   "the explorer's default where the model takes a cache)")
-    p.add_argument("--seed", type=int, default=0)
+    add_option_arguments(p, ["max_new_tokens", "temperature"], defaults=True)
+    add_option_arguments(p, ["gamma"])
+    p.add_argument("--drafter", default=Settings.drafter, help=option_help("drafter", Settings.drafter))
+    add_option_arguments(p, ["steps", "block_length", "cache"])
+    add_option_arguments(p, ["seed"], defaults=True)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--ignore-eos", action="store_true", help="decode exactly max_new_tokens (as vLLM's --ignore-eos)")
     p.add_argument("--no-quality", action="store_true", help="skip perplexity and entropy scoring")

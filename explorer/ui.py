@@ -1,7 +1,7 @@
 """The Gradio app: Blocks wiring only (frames come from render.py, figures from plots.py).
 
 A run has two phases. First each lane is decoded alone, one after another, in a worker thread
-that never waits for the UI (DESIGN.md: "measured exclusively"); meanwhile the lane shows a
+that never waits for the UI (so it is measured alone: docs/design.md); meanwhile the lane shows a
 progress bar a few times a second, so the page never sits still. Then every lane plays on one
 shared clock (real time, or slowed so the longest lane lasts about AUTO_PLAY_S), with the
 narration and the plots following the playback. The race replay re-plays or steps through the
@@ -30,7 +30,7 @@ import pandas as pd
 import explorer
 from explorer import hosting, plots, render
 from explorer.api import make_config
-from explorer.config import CACHES, DEFAULT_CACHE, DRAFTERS, REMASKING, DecodeConfig, validate_prompt
+from explorer.config import CACHES, DEFAULT_CACHE, DRAFTERS, METHODS, REMASKING, DecodeConfig, validate_prompt
 from explorer.drafters import available_drafters
 from explorer.errors import ExplorerError
 from explorer.events import Event, TokenStep, Trace, Verification
@@ -50,7 +50,6 @@ except ImportError:  # anywhere else a no-op
         return lambda fn: fn
 
 
-METHODS = ("autoregressive", "speculative", "diffusion")
 HERE = Path(__file__).resolve().parent
 STYLE = (HERE.parent / "assets" / "style.css").read_text(encoding="utf-8")
 TEXT = HERE / "app_text"  # the prose of the page, in Markdown
@@ -108,6 +107,10 @@ class Settings:
         kwargs = dict(zip(SETTING_NAMES, values, strict=True))
         kwargs["flags"] = tuple(kwargs.get("flags") or ())
         return cls(**kwargs)
+
+    def as_inputs(self) -> list[Any]:
+        """The values in field order, as the UI inputs (and a gradio_client call) take them; inverse of from_values."""
+        return [list(v) if isinstance(v, tuple) else v for v in (getattr(self, n) for n in SETTING_NAMES)]
 
     @property
     def diffusion(self) -> tuple[int, int]:

@@ -1,4 +1,4 @@
-"""The public API and the CLI as DESIGN.md fixes them; bad input gets one clear line."""
+"""The public API and the CLI as docs/design.md fixes them; bad input gets one clear line."""
 
 import json
 import math
@@ -257,3 +257,23 @@ def test_every_drafter_meets_the_drafter_protocol(random_models):
             assert tuple(draft.q.shape) == (len(draft.tokens), vocab)
         drafter.rollback(len(ids))
         assert drafter.cache_len is None or drafter.cache_len <= len(ids)
+
+
+def test_every_cli_flag_has_help_and_every_decode_option_a_flag():
+    """One source: each DecodeConfig field is a `decode` flag with config.OPTION_HELP's sentence as help."""
+    import argparse
+    import dataclasses
+
+    from explorer.cli import build_parser
+    from explorer.config import OPTION_HELP, DecodeConfig
+
+    names = {f.name for f in dataclasses.fields(DecodeConfig)}
+    assert set(OPTION_HELP) == names
+    commands = build_parser()._subparsers._group_actions[0].choices
+    for command, sub in commands.items():
+        for action in sub._actions:
+            if not isinstance(action, argparse._HelpAction):
+                assert action.help, f"{command} {action.option_strings} has no help"
+    decode = {a.dest: a for a in commands["decode"]._actions}
+    for name in names:
+        assert decode[name].help.startswith(OPTION_HELP[name].split(" (default")[0]), name

@@ -1,5 +1,6 @@
 """The app through its public API (gradio_client), and the handlers the buttons call."""
 
+import dataclasses
 import json
 import re
 import threading
@@ -16,11 +17,13 @@ from explorer.loadtest import start_app
 
 PROMPT = "def parse(line):"
 LANES = ["autoregressive", "speculative", "diffusion"]
-# prompt, preset, lanes, then ui.Settings in field order: max_new_tokens, temperature, top_p, seed, drafter,
-# gamma, adaptive_gamma, tokens_per_step (N/K), blocks (N / block length), remasking, threshold, flags;
-# then the playback speed (1 = real time)
-RESULT = 2  # /run outputs: frame, run table, token ids per lane, model info, figures ..., replay scrubber
-SETTINGS = (32, 0.0, 1.0, 0, "model", 4, False, 2, 2, "low_confidence", 0.0, ui.Settings.cache, list(ui.FLAG_FIELDS))
+RESULT = ui.RUN_OUTPUTS.index("result")  # /run outputs: frame, run table, token ids per lane, model info, ...
+# The /run inputs: prompt, preset, lanes, then ui.Settings in field order, then the playback speed (1 = real time).
+BASE = ui.Settings(max_new_tokens=32, temperature=0.0, top_p=1.0, seed=0, drafter="model", gamma=4,
+                   adaptive_gamma=False, tokens_per_step=2, blocks=2, remasking="low_confidence", threshold=0.0,
+                   cache=ui.Settings.cache, flags=ui.FLAG_FIELDS)
+SETTINGS = tuple(BASE.as_inputs())
+SHORT = tuple(dataclasses.replace(BASE, max_new_tokens=8).as_inputs())  # the same with N = 8
 RUN_ARGS = (PROMPT, "random-tiny", LANES, *SETTINGS, 1.0)
 
 
@@ -63,12 +66,12 @@ def test_bad_input_gives_one_clear_message_and_the_app_keeps_serving(client):
         client.predict("def f():\x07", *RUN_ARGS[1:], api_name="/run")
     with pytest.raises(Exception, match="the prompt is empty"):
         client.predict("   ", *RUN_ARGS[1:], api_name="/run")
-    ok = client.predict(PROMPT, "random-tiny", ["speculative"], 8, *RUN_ARGS[4:], api_name="/run")
+    ok = client.predict(PROMPT, "random-tiny", ["speculative"], *SHORT, 1.0, api_name="/run")
     assert list(ok[RESULT]) == ["speculative"] and len(ok[RESULT]["speculative"]["token_ids"]) == 8
 
 
 def test_measure_repeats_and_summarizes(client):
-    args = (PROMPT, None, 3, "random-tiny", ["autoregressive", "speculative"], 8, *SETTINGS[1:])
+    args = (PROMPT, None, 3, "random-tiny", ["autoregressive", "speculative"], *SHORT)
     status, summary, per_prompt, *_ = client.predict(*args, api_name="/measure")
     assert "6 decodes" in status
     rows = summary["data"] if isinstance(summary, dict) else summary
@@ -81,11 +84,11 @@ def test_measure_repeats_and_summarizes(client):
 def test_uploaded_workload_runs_every_prompt(client, tmp_path):
     prompts = tmp_path / "traffic.jsonl"
     prompts.write_text('{"prompt": "def a(x):"}\n{"prompt": "class B:"}\n', encoding="utf-8")
-    args = ("", handle_file(str(prompts)), 2, "random-tiny", ["autoregressive"], 8, *SETTINGS[1:])
+    args = ("", handle_file(str(prompts)), 2, "random-tiny", ["autoregressive"], *SHORT)
     status, summary, *_ = client.predict(*args, api_name="/workload")
     assert status.startswith("Done: 4 decodes")  # 2 prompts × 2 repeats × 1 lane
     with pytest.raises(Exception, match="upload a prompt file first"):
-        client.predict("", None, 1, "random-tiny", ["autoregressive"], 8, *SETTINGS[1:], api_name="/workload")
+        client.predict("", None, 1, "random-tiny", ["autoregressive"], *SHORT, api_name="/workload")
 
 
 def test_prompt_file_is_bounded_and_parsed(tmp_path):
