@@ -46,9 +46,7 @@ def make_config(method: str, models: Models, options: dict[str, Any]) -> DecodeC
 
 def stream(method: str, models: Models, prompt: str, **options: Any) -> Generator[Event, None, Trace]:
     """Yield every event of one decode as it happens; the generator returns the Trace."""
-    if method not in DECODERS:
-        raise ExplorerError(f"unknown method {method!r}; choose one of {', '.join(DECODERS)}")
-    cfg = make_config(method, models, options)
+    cfg = make_config(method, models, options)  # validates the method and every option
     prompt = validate_prompt(prompt)
     tokenizer = models.diffusion_tokenizer if method == "diffusion" else models.tokenizer
     prompt_ids, prompt_format = encode_prompt(tokenizer, prompt, models.preset.chat)
