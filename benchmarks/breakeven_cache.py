@@ -6,9 +6,9 @@ import sys
 import torch
 
 import explorer
-from explorer import bench
-from explorer.report import write_report
-from explorer.workload import load_prompt_sets
+from explorer.measure import bench
+from explorer.measure.report import write_report
+from explorer.measure.workload import load_prompt_sets
 
 torch.set_num_threads(1)
 os.makedirs("runs/issue10", exist_ok=True)

@@ -14,8 +14,8 @@ import pandas as pd
 import torch
 
 import explorer
-from explorer import bench
-from explorer.workload import load_prompt_sets
+from explorer.measure import bench
+from explorer.measure.workload import load_prompt_sets
 
 OUT = "runs/issue10"
 

@@ -40,7 +40,7 @@ START_CHILD = """
 import time, json, sys
 t0 = time.perf_counter()
 sys.path.insert(0, {root!r})
-from explorer import ui
+from explorer.app import ui
 t_import = time.perf_counter()
 demo = ui.build_demo(default_preset={preset!r})
 t_build = time.perf_counter()
@@ -85,7 +85,7 @@ def measure_start(preset: str) -> dict:
 def measure_browser(preset: str, runs: int) -> dict:
     from playwright.sync_api import sync_playwright
 
-    from explorer import ui
+    from explorer.app import ui
 
     demo = ui.build_demo(default_preset=preset)
     port = free_port()
@@ -132,7 +132,7 @@ def measure_overhead(preset: str, repeats: int) -> dict:
     from gradio_client import Client
 
     import explorer
-    from explorer import render, ui
+    from explorer.app import render, ui
 
     models = ui.load_preset(preset)
     settings = ui.Settings()
@@ -184,7 +184,7 @@ def _decode_in_thread(explorer, method: str, models, options: dict) -> float:
 
 
 def main() -> None:
-    from explorer.ui import DEFAULT_PRESET
+    from explorer.app.ui import DEFAULT_PRESET
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default=DEFAULT_PRESET)

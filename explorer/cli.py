@@ -12,9 +12,9 @@ import math
 import sys
 from dataclasses import fields
 
-from explorer.config import METHODS, DecodeConfig
+from explorer.decoding.config import METHODS, DecodeConfig
+from explorer.decoding.flags import add_model_arguments, add_option_arguments, option_help
 from explorer.errors import ExplorerError
-from explorer.flags import add_model_arguments, add_option_arguments, option_help
 from explorer.models import DEFAULT_PRESET
 
 DECODE_OPTIONS = [f.name for f in fields(DecodeConfig)]  # one flag each: --max-new-tokens ...
@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     ds.add_argument("--out", default=None, help="build the bundle in this folder (default: a temporary one)")
     ds.add_argument("--private", action="store_true", help="create the Space private")
     b = sub.add_parser("bench", help="run a workload and print p50/p95/p99")
-    from explorer import bench
+    from explorer.measure import bench
 
     bench.add_arguments(b)
     return parser
@@ -83,7 +83,7 @@ def _options(args: argparse.Namespace, names: list[str]) -> dict:
 
 def run_decode(args: argparse.Namespace) -> int:
     import explorer
-    from explorer.config import validate, validate_prompt
+    from explorer.decoding.config import validate, validate_prompt
 
     options = _options(args, DECODE_OPTIONS)
     validate(args.method, DecodeConfig(**options))  # before the (slow) model load
@@ -103,7 +103,7 @@ def run_decode(args: argparse.Namespace) -> int:
 
 def run_audit_command(args: argparse.Namespace) -> int:
     import explorer
-    from explorer.audit import report_lines, run_audit
+    from explorer.measure.audit import report_lines, run_audit
 
     if args.samples is not None and args.samples < 10:
         raise ExplorerError("--samples must be at least 10")
@@ -113,7 +113,7 @@ def run_audit_command(args: argparse.Namespace) -> int:
         raise ExplorerError("--prefix-tokens must be between 1 and 4")
     options = _options(args, AUDIT_OPTIONS)
     options.setdefault("temperature", 1.0)
-    from explorer.config import validate, validate_prompt
+    from explorer.decoding.config import validate, validate_prompt
 
     validate("speculative", DecodeConfig(**options))
     validate_prompt(args.prompt)
@@ -135,7 +135,7 @@ def _progress(done: int, total: int) -> None:
 
 
 def run_loadtest(args: argparse.Namespace) -> int:
-    from explorer.loadtest import require_loopback, run_load
+    from explorer.measure.loadtest import require_loopback, run_load
 
     if not 1 <= args.clients <= 64 or not 1 <= args.runs <= 10_000:
         raise ExplorerError("--clients must be 1..64 and --runs 1..10000")
@@ -169,10 +169,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "loadtest":
             return run_loadtest(args)
         if args.command == "deploy-space":
-            from explorer.hosting import deploy_space
+            from explorer.app.hosting import deploy_space
 
             return deploy_space(args.repo, args.dry_run, args.out, args.private)
-        from explorer import bench
+        from explorer.measure import bench
 
         return bench.run(args)
     except ExplorerError as exc:

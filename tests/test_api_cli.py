@@ -11,8 +11,8 @@ import torch
 
 import explorer
 from explorer.cli import main
-from explorer.sampling import warp_logits
-from explorer.speculative import acceptance_probability, residual_distribution, verify_drafts
+from explorer.decoding.sampling import warp_logits
+from explorer.decoding.speculative import acceptance_probability, residual_distribution, verify_drafts
 
 STATS_KEYS = {"new_tokens", "target_forward_passes", "draft_forward_passes", "proposed", "accepted",
               "acceptance_rate", "wall_s", "ttft_s"}
@@ -241,9 +241,9 @@ def test_cli_audit_verdicts_json_and_text(capsys):
 
 def test_every_drafter_meets_the_drafter_protocol(random_models):
     """make_drafter returns a Drafter; a proposal has g <= gamma tokens and one q row (V,) per token."""
-    from explorer.config import DecodeConfig
-    from explorer.drafters import Draft, Drafter, available_drafters, make_drafter
-    from explorer.sampling import make_generator
+    from explorer.decoding.config import DecodeConfig
+    from explorer.decoding.drafters import Draft, Drafter, available_drafters, make_drafter
+    from explorer.decoding.sampling import make_generator
 
     ids = random_models.tokenizer("def parse(line): return line def parse(").input_ids
     vocab = random_models.target.get_output_embeddings().weight.shape[0]
@@ -265,7 +265,7 @@ def test_every_cli_flag_has_help_and_every_decode_option_a_flag():
     import dataclasses
 
     from explorer.cli import build_parser
-    from explorer.config import OPTION_HELP, DecodeConfig
+    from explorer.decoding.config import OPTION_HELP, DecodeConfig
 
     names = {f.name for f in dataclasses.fields(DecodeConfig)}
     assert set(OPTION_HELP) == names

@@ -9,7 +9,7 @@ from audit_bugs import INJECT
 from scipy import stats
 
 import explorer
-from explorer import audit
+from explorer.measure import audit
 from explorer.models import TINY_DIR
 
 pytestmark = pytest.mark.skipif(not (TINY_DIR / "target" / "config.json").exists(),

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import explorer
-from explorer import bench, report
 from explorer.cli import main
-from explorer.workload import (
+from explorer.measure import bench, report
+from explorer.measure.workload import (
     MAX_PROMPTS,
     generative_perplexity,
     ignoring_eos,
@@ -229,5 +229,5 @@ def test_shipped_prompt_sets_load(tmp_path):
         assert len(loaded.prompts) >= 10 and loaded.notice is None
     hot = load_prompt_set("high_temperature")
     assert all(p.temperature is not None and p.temperature > 0.5 for p in hot.prompts)
-    assert all(json.loads(line)["prompt"] for line in (Path(bench.__file__).parent.parent / "assets" / "prompts" /
+    assert all(json.loads(line)["prompt"] for line in (Path(bench.__file__).parents[2] / "assets" / "prompts" /
                                                         "code.jsonl").read_text().splitlines())

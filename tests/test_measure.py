@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 import explorer
-from explorer import metrics, ui
+from explorer.app import ui
+from explorer.measure import metrics
 
 PROMPTS = ["def parse(line):", "class Stack:"]
 

@@ -5,8 +5,8 @@ import re
 import pytest
 
 import explorer
-from explorer import render
-from explorer.events import DraftCheck, Proposal, RefinementStep, TokenStep, Verification
+from explorer.app import render
+from explorer.decoding.events import DraftCheck, Proposal, RefinementStep, TokenStep, Verification
 
 SCRIPT = "<script>alert(1)</script>"
 PIECES = {1: "a", 2: " b", 3: "\n", 4: SCRIPT, 5: '"q"&', 6: "\x08", 7: "z"}

@@ -12,8 +12,8 @@ import pytest
 from gradio_client import Client, handle_file
 
 import explorer
-from explorer import ui
-from explorer.loadtest import start_app
+from explorer.app import ui
+from explorer.measure.loadtest import start_app
 
 PROMPT = "def parse(line):"
 LANES = ["autoregressive", "speculative", "diffusion"]
@@ -219,7 +219,7 @@ _real_stream = explorer.stream
 
 
 def test_audit_tab_gives_the_same_report_as_the_api_and_cli(client, random_models):
-    from explorer.audit import report_lines, run_audit
+    from explorer.measure.audit import report_lines, run_audit
 
     text = client.predict("abc", "random-tiny", 1.0, 2, 3, api_name="/audit")
     direct = run_audit(random_models, "abc", temperature=1.0, top_k=2, gamma=3, max_samples=ui.AUDIT_MAX_SAMPLES)

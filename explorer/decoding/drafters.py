@@ -15,13 +15,13 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from explorer.config import DRAFTERS, DecodeConfig
-from explorer.diffusion import denoise, resolve_cache, reveal_schedule, takes_kv_cache
-from explorer.eagle import is_eagle, make_feature_drafter
+from explorer.decoding.config import DRAFTERS, DecodeConfig
+from explorer.decoding.diffusion import denoise, resolve_cache, reveal_schedule, takes_kv_cache
+from explorer.decoding.sampling import sample, warp_logits
 from explorer.errors import ExplorerError
-from explorer.gemma import is_assistant, make_assistant_drafter
+from explorer.families.eagle import is_eagle, make_feature_drafter
+from explorer.families.gemma import is_assistant, make_assistant_drafter
 from explorer.models import Models, check_same_vocabulary, timed_forward
-from explorer.sampling import sample, warp_logits
 
 
 @dataclass

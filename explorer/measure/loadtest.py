@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 import psutil
 
 import explorer
-from explorer.config import METHODS
+from explorer.decoding.config import METHODS
 from explorer.errors import ExplorerError
-from explorer.metrics import percentile
+from explorer.measure.metrics import percentile
 
 LANES = list(METHODS)
 
@@ -64,7 +64,7 @@ def require_loopback(url: str) -> None:
 
 def start_app(preset: str) -> tuple[object, str]:
     """Build the app on ``preset`` and serve it on a free loopback port; returns (demo, url)."""
-    from explorer import ui
+    from explorer.app import ui
 
     demo = ui.build_demo(default_preset=preset)
     with socket.socket() as s:
@@ -76,9 +76,9 @@ def start_app(preset: str) -> tuple[object, str]:
 
 def session_inputs(index: int, preset: str, max_new_tokens: int) -> tuple:
     """Each session: its own prompt and seed, sampled at temperature 0.8 so outputs differ by session.
-    The /run inputs: prompt, preset, lanes, then explorer.ui.Settings in field order, then the playback speed
+    The /run inputs: prompt, preset, lanes, then explorer.app.ui.Settings in field order, then the playback speed
     (real time here: the load test measures serving, not the animation)."""
-    from explorer.ui import FLAG_FIELDS, Settings
+    from explorer.app.ui import FLAG_FIELDS, Settings
 
     prompt = f"def handler_{index}(request):\n"
     settings = Settings(max_new_tokens=max_new_tokens, temperature=0.8, top_p=1.0, seed=1000 + index, drafter="model",
@@ -88,7 +88,7 @@ def session_inputs(index: int, preset: str, max_new_tokens: int) -> tuple:
 
 
 def expected_ids(models, inputs: tuple) -> dict[str, list[int]]:
-    from explorer.ui import Settings
+    from explorer.app.ui import Settings
 
     prompt, _, lanes, *values, _speed = inputs
     settings = Settings.from_values(values)
@@ -99,7 +99,7 @@ def run_load(clients: int = 8, runs: int = 3, preset: str = "tiny", url: str | N
              max_new_tokens: int = 16, soak: bool = False, rss_every: int = 10) -> LoadReport:
     from gradio_client import Client
 
-    from explorer.ui import RUN_OUTPUTS
+    from explorer.app.ui import RUN_OUTPUTS
 
     demo = None
     if url is None:

@@ -16,11 +16,11 @@ from collections.abc import Generator, Iterator
 import torch
 from transformers import DynamicCache
 
-from explorer.config import DecodeConfig
-from explorer.drafters import Draft, crop_cache, make_drafter
-from explorer.events import DecodeResult, DraftCheck, Event, Proposal, Verification
+from explorer.decoding.config import DecodeConfig
+from explorer.decoding.drafters import Draft, crop_cache, make_drafter
+from explorer.decoding.events import DecodeResult, DraftCheck, Event, Proposal, Verification
+from explorer.decoding.sampling import make_generator, sample, uniform, warp_logits
 from explorer.models import Models, timed_forward
-from explorer.sampling import make_generator, sample, uniform, warp_logits
 
 MAX_ADAPTIVE_GAMMA = 16
 

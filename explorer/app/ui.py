@@ -28,16 +28,16 @@ import numpy as np
 import pandas as pd
 
 import explorer
-from explorer import hosting, plots, render
-from explorer.api import make_config
-from explorer.config import CACHES, DEFAULT_CACHE, DRAFTERS, METHODS, REMASKING, DecodeConfig, validate_prompt
-from explorer.drafters import available_drafters
+from explorer.app import hosting, plots, render
+from explorer.decoding.api import make_config
+from explorer.decoding.config import CACHES, DEFAULT_CACHE, DRAFTERS, METHODS, REMASKING, DecodeConfig, validate_prompt
+from explorer.decoding.drafters import available_drafters
+from explorer.decoding.events import Event, TokenStep, Trace, Verification
 from explorer.errors import ExplorerError
-from explorer.events import Event, TokenStep, Trace, Verification
-from explorer.metrics import BOOTSTRAP_RESAMPLES, grouped_summary, requests_frame
+from explorer.measure.metrics import BOOTSTRAP_RESAMPLES, grouped_summary, requests_frame
+from explorer.measure.workload import Prompt, parse_prompts
+from explorer.measure.workload import read_prompt_file as read_text_file
 from explorer.models import DEFAULT_PRESET, PRESETS, Models
-from explorer.workload import Prompt, parse_prompts
-from explorer.workload import read_prompt_file as read_text_file
 
 try:  # Hugging Face ZeroGPU: ask for a GPU while a decoding handler runs, for as long as its preset needs
     import spaces
@@ -51,8 +51,9 @@ except ImportError:  # anywhere else a no-op
 
 
 HERE = Path(__file__).resolve().parent
-STYLE = (HERE.parent / "assets" / "style.css").read_text(encoding="utf-8")
-TEXT = HERE / "app_text"  # the prose of the page, in Markdown
+ASSETS = HERE.parent.parent / "assets"
+STYLE = (ASSETS / "style.css").read_text(encoding="utf-8")
+TEXT = HERE / "text"  # the prose of the page, in Markdown
 HISTORY_LIMIT = 5000  # traces kept per session (the measure tab says so; export writes all of them)
 FRAME_INTERVAL_S = 1 / 20  # playback: at most 20 frames per second
 PROGRESS_INTERVAL_S = 0.25  # while a lane decodes alone: a progress frame 4 times a second
@@ -867,7 +868,7 @@ def _build_audit(c: Controls) -> None:
 @gpu(hosting.run_duration)
 def run_audit_tab(prompt: str, preset: str, temperature: float, top_k: int, gamma: int) -> str:
     """The audit of the current prompt and preset, in words (``audit.report_lines``)."""
-    from explorer.audit import report_lines, run_audit
+    from explorer.measure.audit import report_lines, run_audit
 
     try:
         validate_prompt(prompt)
@@ -995,7 +996,7 @@ LOAD_JS = """() => {
   if (new URLSearchParams(location.search).get('presenter') === '1') {
     const box = document.querySelector('#presenter input'); if (box && !box.checked) box.click(); }
 }"""
-PAGE_CSS = (HERE.parent / "assets" / "page.css").read_text(encoding="utf-8")
+PAGE_CSS = (ASSETS / "page.css").read_text(encoding="utf-8")
 
 
 # ----------------------------------------------------------------------------------------------

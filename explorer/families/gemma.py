@@ -26,11 +26,11 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from explorer.config import DecodeConfig
+from explorer.decoding.config import DecodeConfig
+from explorer.decoding.events import DecodeResult, Event, RefinementStep
+from explorer.decoding.sampling import sample, warp_logits
 from explorer.errors import ExplorerError
-from explorer.events import DecodeResult, Event, RefinementStep
 from explorer.models import Models, synchronize
-from explorer.sampling import sample, warp_logits
 
 # Defaults of DiffusionGemmaGenerationConfig._get_default_generation_params (used when a checkpoint sets none).
 DIFFUSION_DEFAULTS = {"max_denoising_steps": 48, "entropy_bound": 0.1, "t_min": 0.4, "t_max": 0.8,
@@ -105,7 +105,7 @@ class AssistantDrafter:
     hooks: list = field(default_factory=list)
 
     def propose(self, tokens: list[int], gamma: int, cfg: DecodeConfig, gen: torch.Generator):
-        from explorer.drafters import Draft
+        from explorer.decoding.drafters import Draft
 
         # The hidden state of the position before the last token (the one that predicted it).
         outputs, index = self.captured, len(tokens) - 2 - self.fed_from

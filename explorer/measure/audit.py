@@ -39,10 +39,10 @@ import torch
 from scipy import optimize
 from scipy import stats as sps
 
-from explorer.api import decode, encode_prompt, make_config
-from explorer.drafters import make_drafter
+from explorer.decoding.api import decode, encode_prompt, make_config
+from explorer.decoding.drafters import make_drafter
+from explorer.decoding.sampling import make_generator
 from explorer.models import Models
-from explorer.sampling import make_generator
 
 POWER = 0.99  # a PASS means each known bug would have been caught 99 times in 100
 TV_FLOOR = 0.01  # a bug moving the compared outcomes by less than this is not required to be detectable

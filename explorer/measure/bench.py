@@ -35,16 +35,22 @@ from tqdm import tqdm
 from transformers import DynamicCache
 
 import explorer
-from explorer.api import encode_prompt
-from explorer.config import CACHES, METHODS, SWEEP_CACHE, DecodeConfig, validate
-from explorer.diffusion import resolve_cache
-from explorer.drafters import available_drafters
+from explorer.decoding.api import encode_prompt
+from explorer.decoding.config import CACHES, METHODS, SWEEP_CACHE, DecodeConfig, validate
+from explorer.decoding.diffusion import resolve_cache
+from explorer.decoding.drafters import available_drafters
+from explorer.decoding.events import Proposal, RefinementStep, TokenStep, Trace, Verification
+from explorer.decoding.flags import add_model_arguments, add_option_arguments, option_help
 from explorer.errors import ExplorerError
-from explorer.events import Proposal, RefinementStep, TokenStep, Trace, Verification
-from explorer.flags import add_model_arguments, add_option_arguments, option_help
-from explorer.metrics import PERCENTILES, inter_token_latencies, percentile, predicted_speedup, request_row, summarize
-from explorer.models import Models, synchronize
-from explorer.report import (
+from explorer.measure.metrics import (
+    PERCENTILES,
+    inter_token_latencies,
+    percentile,
+    predicted_speedup,
+    request_row,
+    summarize,
+)
+from explorer.measure.report import (
     Section,
     batch_figure,
     breakeven_figure,
@@ -56,7 +62,8 @@ from explorer.report import (
     throughput_figure,
     write_report,
 )
-from explorer.workload import PromptSet, ignoring_eos, load_prompt_sets, score_quality
+from explorer.measure.workload import PromptSet, ignoring_eos, load_prompt_sets, score_quality
+from explorer.models import Models, synchronize
 
 SWEEPS = ("bench", "gamma", "temperature", "drafter", "drafter_gamma", "diffusion", "cache", "batch", "memory")
 METHOD_OPTIONS = {
@@ -375,7 +382,7 @@ def sweep_section(kind: str, models: Models, sets: list[PromptSet], s: Settings,
             "tokens_per_step",
             "predicted_speedup_thm", "predicted_speedup_forward", "perplexity_mean", "token_entropy_bits_mean"]
     notes = [_bench_note(s), "Measured speedup is a tokens/s ratio; both predictions use this run's measured "
-             "acceptance and forward times (see the module docstring of explorer/bench.py)."]
+             "acceptance and forward times (see the module docstring of explorer/measure/bench.py)."]
     return Section(f"Sweep: {kind}", [fig], {f"{kind} sweep": table[[c for c in cols if c in table]]}, notes), frame
 
 

@@ -6,13 +6,13 @@ import time
 from collections.abc import Generator
 from typing import Any
 
-from explorer.autoregressive import decode_autoregressive
-from explorer.config import DecodeConfig, validate, validate_prompt
-from explorer.diffusion import decode_diffusion
+from explorer.decoding.autoregressive import decode_autoregressive
+from explorer.decoding.config import DecodeConfig, validate, validate_prompt
+from explorer.decoding.diffusion import decode_diffusion
+from explorer.decoding.events import DecodeResult, Event, Trace
+from explorer.decoding.speculative import decode_speculative
 from explorer.errors import ExplorerError
-from explorer.events import DecodeResult, Event, Trace
 from explorer.models import Models
-from explorer.speculative import decode_speculative
 
 DECODERS = {"autoregressive": decode_autoregressive, "speculative": decode_speculative,
             "diffusion": decode_diffusion}

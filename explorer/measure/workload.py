@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from explorer.config import MAX_PROMPT_CHARS
+from explorer.decoding.config import MAX_PROMPT_CHARS
+from explorer.decoding.events import Trace
 from explorer.errors import ExplorerError
-from explorer.events import Trace
 from explorer.models import ASSETS, Models
 
 PROMPTS_DIR = ASSETS / "prompts"

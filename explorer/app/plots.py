@@ -13,8 +13,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from explorer.events import RefinementStep, Trace, Verification
-from explorer.metrics import inter_token_latencies, percentile, predicted_speedup, verification_frame
+from explorer.decoding.events import RefinementStep, Trace, Verification
+from explorer.measure.metrics import inter_token_latencies, percentile, predicted_speedup, verification_frame
 
 METHOD_COLOURS = {"autoregressive": "#6b7280", "speculative": "#16a34a", "diffusion": "#0891b2"}
 PERCENTILE_COLOURS = {50: "#60a5fa", 95: "#f59e0b", 99: "#dc2626"}

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from explorer.events import Event, Proposal, RefinementStep, TokenStep, Trace, Verification
+from explorer.decoding.events import Event, Proposal, RefinementStep, TokenStep, Trace, Verification
 
 Piece = Callable[[int], str]  # token id -> its text
 STATUSES = ("waiting", "running", "done", "stopped", "error")

@@ -27,12 +27,12 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from explorer.config import DEFAULT_CACHE, DecodeConfig
+from explorer.decoding.config import DEFAULT_CACHE, DecodeConfig
+from explorer.decoding.events import DecodeResult, Event, RefinementStep
+from explorer.decoding.sampling import make_generator, sanitize_logits, warp_logits
 from explorer.errors import ExplorerError
-from explorer.events import DecodeResult, Event, RefinementStep
-from explorer.gemma import decode_diffusion_gemma, is_diffusion_gemma
+from explorer.families.gemma import decode_diffusion_gemma, is_diffusion_gemma
 from explorer.models import Models, timed_forward
-from explorer.sampling import make_generator, sanitize_logits, warp_logits
 
 
 def reveal_schedule(masked: int, steps: int) -> list[int]:
@@ -130,7 +130,7 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig,
     t0 = time.perf_counter()
     if models.diffusion is None:
         raise ExplorerError(f"preset {models.preset.name!r} has no diffusion model")
-    if is_diffusion_gemma(models.diffusion):  # block diffusion with its own sampler (explorer/gemma.py)
+    if is_diffusion_gemma(models.diffusion):  # block diffusion with its own sampler (explorer/families/gemma.py)
         return (yield from decode_diffusion_gemma(models, prompt_ids, cfg))
     mask_id = models.mask_token_id
     if mask_id is None:

@@ -8,10 +8,10 @@ from collections.abc import Generator
 import torch
 from transformers import DynamicCache
 
-from explorer.config import DecodeConfig
-from explorer.events import DecodeResult, Event, TokenStep
+from explorer.decoding.config import DecodeConfig
+from explorer.decoding.events import DecodeResult, Event, TokenStep
+from explorer.decoding.sampling import make_generator, sample, warp_logits
 from explorer.models import Models, timed_forward
-from explorer.sampling import make_generator, sample, warp_logits
 
 
 def decode_autoregressive(models: Models, prompt_ids: list[int],

@@ -10,7 +10,7 @@ import argparse
 import re
 import typing
 
-from explorer.config import OPTION_HELP, DecodeConfig
+from explorer.decoding.config import OPTION_HELP, DecodeConfig
 from explorer.models import DEFAULT_PRESET
 
 
