@@ -14,7 +14,7 @@ import pandas as pd
 import torch
 
 import explorer
-from explorer.measure import bench
+from explorer.measure import bench, sweeps
 from explorer.measure.workload import load_prompt_sets
 
 OUT = "runs/issue10"
@@ -32,7 +32,7 @@ def cell(n: int, index: int, repeats: int) -> None:
     frame = bench.run_requests(models, one, configs, bench.Settings(warmup=0, progress=False, repeats=repeats,
                                                                     ignore_eos=True))
     frame.to_pickle(f"{OUT}/cache_{n}_{index}.pkl")
-    print(bench.cache_table(frame).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    print(sweeps.cache_table(frame).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
 
 
 if __name__ == "__main__":
@@ -41,4 +41,4 @@ if __name__ == "__main__":
         cell(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else 1)
     else:
         frame = pd.concat([pd.read_pickle(f) for f in sorted(glob.glob(f"{OUT}/cache_*_*.pkl"))])
-        print(bench.cache_table(frame).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+        print(sweeps.cache_table(frame).to_string(index=False, float_format=lambda v: f"{v:.3g}"))

@@ -71,9 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     ds.add_argument("--out", default=None, help="build the bundle in this folder (default: a temporary one)")
     ds.add_argument("--private", action="store_true", help="create the Space private")
     b = sub.add_parser("bench", help="run a workload and print p50/p95/p99")
-    from explorer.measure import bench
+    from explorer.measure import bench_cli
 
-    bench.add_arguments(b)
+    bench_cli.add_arguments(b)
     return parser
 
 
@@ -172,9 +172,9 @@ def main(argv: list[str] | None = None) -> int:
             from explorer.app.hosting import deploy_space
 
             return deploy_space(args.repo, args.dry_run, args.out, args.private)
-        from explorer.measure import bench
+        from explorer.measure import bench_cli
 
-        return bench.run(args)
+        return bench_cli.run(args)
     except ExplorerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

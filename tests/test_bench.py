@@ -13,7 +13,7 @@ import torch
 
 import explorer
 from explorer.cli import main
-from explorer.measure import bench, report
+from explorer.measure import bench, costs, peer, report, sweeps
 from explorer.measure.workload import (
     MAX_PROMPTS,
     generative_perplexity,
@@ -85,7 +85,7 @@ def test_crossings_of_two_power_laws_are_found_where_they_meet():
     n = [16, 32, 64, 128]
     ar = [x * 1.0 for x in n]  # latency = N
     diffusion = [x * x / 64 for x in n]  # latency = N^2 / 64: equal at N = 64, faster below
-    (n_cross, lat, faster_above), = bench.find_crossings(n, diffusion, ar)
+    (n_cross, lat, faster_above), = sweeps.find_crossings(n, diffusion, ar)
     assert n_cross == pytest.approx(64) and lat == pytest.approx(64) and faster_above == "second"
 
 
@@ -116,10 +116,10 @@ def test_ignoring_eos_makes_exactly_max_new_tokens(random_models):
 @pytest.fixture(scope="module")
 def sections(random_models, two_prompts):
     """A gamma sweep, a diffusion break-even sweep, a batch sweep and the memory table, kept small."""
-    gamma, _ = bench.sweep_section("gamma", random_models, two_prompts, FAST, values=(1, 3))
-    diffusion, _ = bench.diffusion_section(random_models, two_prompts[:1], FAST, lengths=(8, 16), divisors=(2, 4))
-    batch, _ = bench.batch_section(random_models, two_prompts[:1], FAST, acceptance=0.5, batches=(1, 2), reps=1)
-    memory, _ = bench.memory_section(random_models)
+    gamma, _ = sweeps.sweep_section("gamma", random_models, two_prompts, FAST, values=(1, 3))
+    diffusion, _ = sweeps.diffusion_section(random_models, two_prompts[:1], FAST, lengths=(8, 16), divisors=(2, 4))
+    batch, _ = costs.batch_section(random_models, two_prompts[:1], FAST, acceptance=0.5, batches=(1, 2), reps=1)
+    memory, _ = costs.memory_section(random_models)
     return [gamma, diffusion, batch, memory]
 
 
@@ -143,10 +143,10 @@ def test_sweeps_produce_their_figures(sections):
 
 
 def test_peer_outputs_equal_ours_at_temperature_zero(random_models, two_prompts):
-    frame = bench.run_peer(random_models, two_prompts[:1], FAST)
+    frame = peer.run_peer(random_models, two_prompts[:1], FAST)
     assert set(frame["pair"]) == {"greedy", "draft model", "prompt lookup"}
     assert frame["output_equal"].all()
-    summary = bench.peer_summary(frame)
+    summary = peer.peer_summary(frame)
     assert (summary["time_ours_over_theirs"] > 0).all() and (summary["outputs_equal"] == "1/1").all()
 
 

@@ -11,7 +11,7 @@ from scipy import stats
 from explorer.decoding.config import DecodeConfig
 from explorer.decoding.sampling import warp_logits
 from explorer.decoding.speculative import next_gamma, verify_drafts
-from explorer.measure.audit import Exact, first_step, joint_two, reference_warp
+from explorer.measure.audit_exact import Exact, first_step, joint_two, reference_warp
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p", itertools.product([0.0, 0.5, 1.0, 1.7], [None, 1, 3, 7],

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 import explorer
-from explorer.app import hosting, plots, render
+from explorer.app import hosting, live_plots, narration, plots, render
 from explorer.decoding.api import make_config
 from explorer.decoding.config import CACHES, DEFAULT_CACHE, DRAFTERS, METHODS, REMASKING, DecodeConfig, validate_prompt
 from explorer.decoding.drafters import available_drafters
@@ -311,7 +311,7 @@ def _lane_view(method: str, prompt: str, piece: render.Piece, options: dict[str,
 
 def _frame(views: dict[str, render.LaneView], caption: str = "", below: str = "") -> str:
     return render.lanes_html([render.lane_html(v) for v in views.values()], list(views), caption,
-                             render.narration_html(list(views.values())), below)
+                             narration.narration_html(list(views.values())), below)
 
 
 def initial_frame(methods: tuple[str, ...] = METHODS, settings: Settings | None = None) -> str:
@@ -332,7 +332,7 @@ def replay_frame(current: dict[str, Any] | None, at_ms: float, playing: bool = F
     views |= {m: _lane_view(m, "", str, {"max_new_tokens": 1}, "error", note=note)
               for m, note in current.get("errors", {}).items()}
     end_s = max(t.stats["wall_s"] for t in current["traces"].values())
-    below = render.live_plots_html([views[m] for m in current["traces"]],
+    below = live_plots.live_plots_html([views[m] for m in current["traces"]],
                                    {m: t.t0 for m, t in current["traces"].items()}, end_s)
     return _frame(views, caption or f"Race replay at t = {at_ms:.1f} ms on one shared clock (true relative speed).",
                   below)
