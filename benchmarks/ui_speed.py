@@ -40,13 +40,13 @@ START_CHILD = """
 import time, json, sys
 t0 = time.perf_counter()
 sys.path.insert(0, {root!r})
-from explorer.app import ui
+from explorer.app import handlers, lane_settings, ui
 t_import = time.perf_counter()
 demo = ui.build_demo(default_preset={preset!r})
 t_build = time.perf_counter()
 demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port={port}, quiet=True)
 t_launch = time.perf_counter()
-ui.load_preset({preset!r})
+lane_settings.load_preset({preset!r})
 t_models = time.perf_counter()
 demo.close()
 print(json.dumps({{"import_s": t_import - t0, "build_s": t_build - t_import, "launch_s": t_launch - t_build,
@@ -132,10 +132,10 @@ def measure_overhead(preset: str, repeats: int) -> dict:
     from gradio_client import Client
 
     import explorer
-    from explorer.app import render, ui
+    from explorer.app import handlers, lane_settings, render, ui
 
-    models = ui.load_preset(preset)
-    settings = ui.Settings()
+    models = lane_settings.load_preset(preset)
+    settings = lane_settings.Settings()
     demo = ui.build_demo(default_preset=preset)
     port = free_port()
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
@@ -151,7 +151,7 @@ def measure_overhead(preset: str, repeats: int) -> dict:
                 bare[method].append(_decode_in_thread(explorer, method, models, settings.options(method)))
             time.sleep(SETTLE_S)
             job = client.submit(*args, api_name="/run")
-            result = job.result(timeout=600)[ui.RUN_OUTPUTS.index("result")]
+            result = job.result(timeout=600)[handlers.RUN_OUTPUTS.index("result")]
             frames.append(len(job.outputs()))
             for method in ui.METHODS:
                 in_app[method].append(result[method]["stats"]["wall_s"])
@@ -163,7 +163,7 @@ def measure_overhead(preset: str, repeats: int) -> dict:
         out[f"{method}_min"] = {"bare_wall_ms": min(bare[method]) * 1e3, "in_app_wall_ms": min(in_app[method]) * 1e3,
                                 "ui_overhead_pct": (min(in_app[method]) / min(bare[method]) - 1) * 100}
         trace = explorer.decode(method, models, PROMPT, **settings.options(method))
-        view = render.trace_view(trace, render.token_piece(ui._tokenizer(models, method)))
+        view = render.trace_view(trace, render.token_piece(lane_settings.lane_tokenizer(models, method)))
         start = time.perf_counter()
         for _ in range(50):
             render.lanes_html([render.lane_html(view)], [method])

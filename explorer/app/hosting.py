@@ -19,6 +19,16 @@ from pathlib import Path
 
 from explorer.errors import ExplorerError
 
+try:  # Hugging Face ZeroGPU: ask for a GPU while a decoding handler runs, for as long as its preset needs
+    import spaces
+
+    def gpu(duration):
+        return spaces.GPU(duration=duration)
+except ImportError:  # anywhere else a no-op
+
+    def gpu(duration):
+        return lambda fn: fn
+
 ROOT = Path(__file__).resolve().parents[2]
 # What a Space needs, relative to the repository root (tests, benchmarks, training data are left out).
 BUNDLE = ["app.py", "requirements.txt", "README.md", ".gitattributes", "explorer/*.py", "explorer/decoding/*.py",

@@ -78,7 +78,7 @@ def session_inputs(index: int, preset: str, max_new_tokens: int) -> tuple:
     """Each session: its own prompt and seed, sampled at temperature 0.8 so outputs differ by session.
     The /run inputs: prompt, preset, lanes, then explorer.app.ui.Settings in field order, then the playback speed
     (real time here: the load test measures serving, not the animation)."""
-    from explorer.app.ui import FLAG_FIELDS, Settings
+    from explorer.app.lane_settings import FLAG_FIELDS, Settings
 
     prompt = f"def handler_{index}(request):\n"
     settings = Settings(max_new_tokens=max_new_tokens, temperature=0.8, top_p=1.0, seed=1000 + index, drafter="model",
@@ -88,7 +88,7 @@ def session_inputs(index: int, preset: str, max_new_tokens: int) -> tuple:
 
 
 def expected_ids(models, inputs: tuple) -> dict[str, list[int]]:
-    from explorer.app.ui import Settings
+    from explorer.app.lane_settings import Settings
 
     prompt, _, lanes, *values, _speed = inputs
     settings = Settings.from_values(values)
@@ -99,7 +99,7 @@ def run_load(clients: int = 8, runs: int = 3, preset: str = "tiny", url: str | N
              max_new_tokens: int = 16, soak: bool = False, rss_every: int = 10) -> LoadReport:
     from gradio_client import Client
 
-    from explorer.app.ui import RUN_OUTPUTS
+    from explorer.app.handlers import RUN_OUTPUTS
 
     demo = None
     if url is None:
