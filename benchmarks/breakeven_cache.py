@@ -14,7 +14,7 @@ torch.set_num_threads(1)
 os.makedirs("runs/issue10", exist_ok=True)
 models = explorer.load_models("tiny", device="cpu")
 sets = load_prompt_sets("code", 1)
-section, frame = sweeps.diffusion_section(models, sets, bench.Settings(quality=False), lengths=(32, 64, 128, 256),
+section, frame = sweeps.diffusion_section(models, sets, bench.BenchSettings(quality=False), lengths=(32, 64, 128, 256),
                                          divisors=(4,))
 bench_cli.print_section(section)
 frame.drop(columns=["itl_s", "token_ids"]).to_csv("runs/issue10/breakeven.csv", index=False)

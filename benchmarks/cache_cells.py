@@ -29,7 +29,7 @@ def cell(n: int, index: int, repeats: int) -> None:
     configs += [bench.RunConfig("diffusion", f"diffusion cache={c} N={n}", {**opts, "cache": c}, f"N={n}", n)
                 for c in ("none", "prefix", "dual")]
     explorer.decode("diffusion", models, "def f(x):", max_new_tokens=32, steps=8, block_length=32)  # warm-up
-    frame = bench.run_requests(models, one, configs, bench.Settings(warmup=0, progress=False, repeats=repeats,
+    frame = bench.run_requests(models, one, configs, bench.BenchSettings(warmup=0, progress=False, repeats=repeats,
                                                                     ignore_eos=True))
     frame.to_pickle(f"{OUT}/cache_{n}_{index}.pkl")
     print(sweeps.cache_table(frame).to_string(index=False, float_format=lambda v: f"{v:.3g}"))

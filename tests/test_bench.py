@@ -26,7 +26,7 @@ from explorer.measure.workload import (
 CSV_COLUMNS = {"method", "config", "prompt_set", "prompt_id", "repeat", "new_tokens", "latency_s", "ttft_s",
                "itl_p50_s", "itl_p99_s", "acceptance_rate", "tokens_per_target_pass", "target_forward_passes",
                "draft_forward_passes", "peak_memory_bytes", "memory_kind", "perplexity", "token_entropy_bits"}
-FAST = bench.Settings(max_new_tokens=8, warmup=0, progress=False)
+FAST = bench.BenchSettings(max_new_tokens=8, warmup=0, progress=False)
 CHROMIUM = "/usr/bin/chromium"
 
 

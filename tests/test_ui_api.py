@@ -96,27 +96,27 @@ def test_uploaded_workload_runs_every_prompt(client, tmp_path):
 def test_prompt_file_is_bounded_and_parsed(tmp_path):
     lines = tmp_path / "p.txt"
     lines.write_text("first prompt\n\nsecond <b>prompt</b>\n", encoding="utf-8")
-    assert [p.text for p in measure_tab.read_prompt_file(str(lines))] == ["first prompt", "second <b>prompt</b>"]
+    assert [p.text for p in measure_tab.read_uploaded_prompts(str(lines))] == ["first prompt", "second <b>prompt</b>"]
     jsonl = tmp_path / "p.jsonl"
     jsonl.write_text('{"prompt": "a"}\n{"prompt": "b\\nc", "temperature": 1.2}\n', encoding="utf-8")
-    parsed = measure_tab.read_prompt_file(str(jsonl))
+    parsed = measure_tab.read_uploaded_prompts(str(jsonl))
     assert [p.text for p in parsed] == ["a", "b\nc"] and parsed[1].temperature == 1.2
     too_many = tmp_path / "many.txt"
     too_many.write_text("x\n" * (measure_tab.MAX_PROMPTS + 1), encoding="utf-8")
     with pytest.raises(gr.Error, match="limit is 200"):
-        measure_tab.read_prompt_file(str(too_many))
+        measure_tab.read_uploaded_prompts(str(too_many))
     big = tmp_path / "big.txt"
     big.write_bytes(b"x" * (measure_tab.MAX_PROMPT_FILE_BYTES + 1))
     with pytest.raises(gr.Error, match="kB"):
-        measure_tab.read_prompt_file(str(big))
+        measure_tab.read_uploaded_prompts(str(big))
     binary = tmp_path / "bin.txt"
     binary.write_bytes(b"\xff\xfe\x00")
     with pytest.raises(gr.Error, match="UTF-8"):
-        measure_tab.read_prompt_file(str(binary))
+        measure_tab.read_uploaded_prompts(str(binary))
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"prompt": "a"}\nnot json\n', encoding="utf-8")
     with pytest.raises(gr.Error, match="line 2"):
-        measure_tab.read_prompt_file(str(broken))
+        measure_tab.read_uploaded_prompts(str(broken))
 
 
 def test_replay_steps_through_the_finished_traces(random_models):

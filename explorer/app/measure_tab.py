@@ -20,8 +20,7 @@ from explorer.app.lane_settings import Settings, check_inputs, load_preset
 from explorer.decoding.events import Trace
 from explorer.errors import ExplorerError
 from explorer.measure.metrics import BOOTSTRAP_RESAMPLES, grouped_summary, requests_frame
-from explorer.measure.workload import Prompt, parse_prompts
-from explorer.measure.workload import read_prompt_file as read_text_file
+from explorer.measure.workload import Prompt, parse_prompts, read_prompt_text
 
 MAX_PROMPTS, MAX_PROMPT_FILE_BYTES, MAX_REPEATS, MAX_BATCH_DECODES = 200, 100_000, 20, 600
 
@@ -37,7 +36,7 @@ def measure(source: str, prompt: str, prompt_file: str | None, repeats: int, pre
     per setup and per prompt, with spreads."""
     if source == "file" and not prompt_file:
         raise gr.Error("upload a prompt file first", print_exception=False)
-    prompts = read_prompt_file(prompt_file) if source == "file" else [Prompt("prompt", prompt)]
+    prompts = read_uploaded_prompts(prompt_file) if source == "file" else [Prompt("prompt", prompt)]
     repeats = int(repeats)
     models = load_preset(preset)
     methods = [check_inputs(models, p.text, lanes, settings) for p in prompts][0]
@@ -121,7 +120,7 @@ def summary_table(summary: pd.DataFrame, by_prompt: bool = False) -> pd.DataFram
     return pd.DataFrame(rows, columns=columns)
 
 
-def read_prompt_file(path: str) -> list[Prompt]:
+def read_uploaded_prompts(path: str) -> list[Prompt]:
     """The uploaded file through workload's parser (one prompt a line, or JSONL with "prompt" and an
     optional "temperature"), within the app's bounds on bytes and prompts."""
     size = Path(path).stat().st_size
@@ -129,7 +128,7 @@ def read_prompt_file(path: str) -> list[Prompt]:
         raise gr.Error(f"the prompt file is {size / 1000:.0f} kB; the limit is {MAX_PROMPT_FILE_BYTES // 1000} kB",
                        print_exception=False)
     try:
-        prompts = parse_prompts(read_text_file(Path(path)), Path(path).name)
+        prompts = parse_prompts(read_prompt_text(Path(path)), Path(path).name)
     except ExplorerError as exc:
         raise gr.Error(str(exc), print_exception=False) from None
     if len(prompts) > MAX_PROMPTS:

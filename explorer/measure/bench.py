@@ -62,7 +62,7 @@ BATCHES = (1, 2, 4, 8, 16, 32)
 
 
 @dataclass
-class Settings:
+class BenchSettings:
     """Everything a run needs besides the models and prompts (the CLI fills it from its flags)."""
 
     max_new_tokens: int = DecodeConfig.max_new_tokens
@@ -84,7 +84,7 @@ class Settings:
 class RunConfig:
     method: str
     label: str
-    options: dict[str, Any] = field(default_factory=dict)  # override the Settings values
+    options: dict[str, Any] = field(default_factory=dict)  # override the BenchSettings values
     group: str = ""  # speedups compare against the autoregressive config of the same group
     x: Any = None  # the swept value, for plots
 
@@ -92,7 +92,7 @@ class RunConfig:
 # ---------------------------------------------------------------------------------------------
 # requests
 
-def plain_configs(methods: list[str], s: Settings, models: Models | None = None) -> list[RunConfig]:
+def plain_configs(methods: list[str], s: BenchSettings, models: Models | None = None) -> list[RunConfig]:
     """One config per method, from the settings (the plain bench)."""
     configs = []
     for method in methods:
@@ -109,7 +109,7 @@ def plain_configs(methods: list[str], s: Settings, models: Models | None = None)
     return configs
 
 
-def decode_options(cfg: RunConfig, s: Settings, prompt_temperature: float | None, repeat: int) -> dict[str, Any]:
+def decode_options(cfg: RunConfig, s: BenchSettings, prompt_temperature: float | None, repeat: int) -> dict[str, Any]:
     """The keyword options of one request: settings, then the config's, then the prompt's temperature."""
     base = {"max_new_tokens": s.max_new_tokens, "temperature": s.temperature, "seed": s.seed + repeat,
             "gamma": s.gamma, "drafter": s.drafter, "steps": s.steps, "block_length": s.block_length,
@@ -120,7 +120,7 @@ def decode_options(cfg: RunConfig, s: Settings, prompt_temperature: float | None
     return options
 
 
-def run_requests(models: Models, sets: list[PromptSet], configs: list[RunConfig], s: Settings,
+def run_requests(models: Models, sets: list[PromptSet], configs: list[RunConfig], s: BenchSettings,
                  desc: str = "bench") -> pd.DataFrame:
     """One row per request (see ``request_row``) plus prompt, config, memory, forward profile, quality."""
     run_models = ignoring_eos(models) if s.ignore_eos else models
@@ -147,7 +147,7 @@ def run_requests(models: Models, sets: list[PromptSet], configs: list[RunConfig]
     return pd.DataFrame(rows)
 
 
-def fit_prompts(models: Models, sets: list[PromptSet], configs: list[RunConfig], s: Settings) -> list[PromptSet]:
+def fit_prompts(models: Models, sets: list[PromptSet], configs: list[RunConfig], s: BenchSettings) -> list[PromptSet]:
     """Drop prompts too long for some config's context (with a notice); none left is an error."""
     kept_sets = []
     for ps in sets:
@@ -163,7 +163,7 @@ def fit_prompts(models: Models, sets: list[PromptSet], configs: list[RunConfig],
     return kept_sets
 
 
-def _fits(models: Models, prompt: str, cfg: RunConfig, s: Settings) -> bool:
+def _fits(models: Models, prompt: str, cfg: RunConfig, s: BenchSettings) -> bool:
     """The check api.stream makes: prompt + max_new_tokens (+ gamma + 1 for speculative) within the context."""
     options = decode_options(cfg, s, None, 0)
     diffusion = cfg.method == "diffusion"

@@ -18,7 +18,7 @@ import explorer
 from explorer.decoding.config import METHODS, DecodeConfig, validate
 from explorer.decoding.flags import add_model_arguments, add_option_arguments, option_help
 from explorer.errors import ExplorerError
-from explorer.measure.bench import BATCHES, SWEEPS, RunConfig, Settings, decode_options, format_summary
+from explorer.measure.bench import BATCHES, SWEEPS, BenchSettings, RunConfig, decode_options, format_summary
 from explorer.measure.costs import batch_section, memory_section
 from explorer.measure.peer import peer_section
 from explorer.measure.report import (
@@ -44,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=1, help="unrecorded requests per config before timing")
     add_option_arguments(p, ["max_new_tokens", "temperature"], defaults=True)
     add_option_arguments(p, ["gamma"])
-    p.add_argument("--drafter", default=Settings.drafter, help=option_help("drafter", Settings.drafter))
+    p.add_argument("--drafter", default=BenchSettings.drafter, help=option_help("drafter", BenchSettings.drafter))
     add_option_arguments(p, ["steps", "block_length", "cache"])
     add_option_arguments(p, ["seed"], defaults=True)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
@@ -58,8 +58,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", default=None, help="write one self-contained HTML page with every figure")
 
 
-def settings_from_args(args: argparse.Namespace) -> Settings:
-    return Settings(max_new_tokens=args.max_new_tokens, temperature=args.temperature, gamma=args.gamma,
+def settings_from_args(args: argparse.Namespace) -> BenchSettings:
+    return BenchSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature, gamma=args.gamma,
                     drafter=args.drafter, steps=args.steps, block_length=args.block_length, cache=args.cache,
                     seed=args.seed,
                     repeats=args.repeats, warmup=args.warmup, ignore_eos=args.ignore_eos,
@@ -92,7 +92,7 @@ def check_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     return methods, parts
 
 
-def check_models(models: Models, methods: list[str], s: Settings) -> None:
+def check_models(models: Models, methods: list[str], s: BenchSettings) -> None:
     """Fail before the first request when the preset lacks a model the run needs."""
     if "speculative" in methods and s.drafter == "model" and models.draft is None:
         raise ExplorerError(f"preset {models.preset.name!r} has no draft model; use --drafter prompt_lookup or "
@@ -105,7 +105,7 @@ def load_average() -> str:
     return " ".join(f"{v:.2f}" for v in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
 
 
-def machine_header(models: Models, sets: list[PromptSet], s: Settings, parts: list[str],
+def machine_header(models: Models, sets: list[PromptSet], s: BenchSettings, parts: list[str],
                    load_at_start: str = "n/a") -> dict[str, str]:
     weights = models.memory_bytes()
     return {

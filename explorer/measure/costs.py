@@ -14,7 +14,7 @@ from tqdm import tqdm
 from transformers import DynamicCache
 
 from explorer.errors import ExplorerError
-from explorer.measure.bench import BATCHES, RunConfig, Settings, fit_alpha, run_requests
+from explorer.measure.bench import BATCHES, BenchSettings, RunConfig, fit_alpha, run_requests
 from explorer.measure.metrics import (
     predicted_speedup,
 )
@@ -74,7 +74,7 @@ def batch_costs(models: Models, gamma: int, alpha: float, batches: tuple[int, ..
     return pd.DataFrame(rows)
 
 
-def batch_section(models: Models, sets: list[PromptSet], s: Settings, acceptance: float | None = None,
+def batch_section(models: Models, sets: list[PromptSet], s: BenchSettings, acceptance: float | None = None,
                   batches: tuple[int, ...] = BATCHES, reps: int = 10) -> tuple[Section, pd.DataFrame]:
     gamma = s.gamma or models.preset.gamma
     source = "the bench in this run"

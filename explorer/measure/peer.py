@@ -14,7 +14,7 @@ import explorer
 from explorer.decoding.api import encode_prompt
 from explorer.decoding.config import DecodeConfig
 from explorer.decoding.events import Trace
-from explorer.measure.bench import Settings
+from explorer.measure.bench import BenchSettings
 from explorer.measure.report import (
     Section,
     peer_figure,
@@ -73,7 +73,7 @@ def _ours(models: Models, method: str, prompt: str, options: dict) -> tuple[Trac
     return trace, time.perf_counter() - start
 
 
-def run_peer(models: Models, sets: list[PromptSet], s: Settings) -> pd.DataFrame:
+def run_peer(models: Models, sets: list[PromptSet], s: BenchSettings) -> pd.DataFrame:
     """Ours and transformers', interleaved per request (order alternating by repeat), greedy, same prompt ids."""
     import transformers
 
@@ -122,7 +122,7 @@ def peer_summary(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def peer_section(models: Models, sets: list[PromptSet], s: Settings) -> tuple[Section, pd.DataFrame]:
+def peer_section(models: Models, sets: list[PromptSet], s: BenchSettings) -> tuple[Section, pd.DataFrame]:
     frame = run_peer(models, sets, s)
     gamma = s.gamma or models.preset.gamma
     notes = [f"Greedy (temperature 0), max_new_tokens={s.max_new_tokens}, γ={gamma} on both sides (transformers: "

@@ -20,8 +20,8 @@ from explorer.measure.bench import (
     K_DIVISORS,
     LENGTHS,
     TEMPERATURES,
+    BenchSettings,
     RunConfig,
-    Settings,
     plain_configs,
     run_requests,
     summarize_requests,
@@ -44,7 +44,7 @@ from explorer.models import Models
 # the plain bench and the sweeps (each returns a report section and its rows)
 
 def bench_section(models: Models, sets: list[PromptSet], methods: list[str],
-                  s: Settings) -> tuple[Section, pd.DataFrame]:
+                  s: BenchSettings) -> tuple[Section, pd.DataFrame]:
     frame = run_requests(models, sets, plain_configs(methods, s, models), s)
     table = summarize_requests(frame)
     figures = [tail_latency_figure(frame), throughput_figure(table)]
@@ -57,13 +57,13 @@ def bench_section(models: Models, sets: list[PromptSet], methods: list[str],
     return section, frame
 
 
-def bench_note(s: Settings) -> str:
+def bench_note(s: BenchSettings) -> str:
     eos = "EOS ignored: every request makes exactly max_new_tokens" if s.ignore_eos else "requests stop at EOS"
     return (f"max_new_tokens={s.max_new_tokens}, temperature={s.temperature} (a prompt's own temperature wins), "
             f"repeats={s.repeats} (seed + repeat), warm-up={s.warmup} per config, {eos}; one request at a time.")
 
 
-def sweep_section(kind: str, models: Models, sets: list[PromptSet], s: Settings,
+def sweep_section(kind: str, models: Models, sets: list[PromptSet], s: BenchSettings,
                   values: tuple | None = None) -> tuple[Section, pd.DataFrame]:
     """gamma / temperature / drafter: speculative configs next to their autoregressive baselines."""
     drafters = available_drafters(models)
@@ -99,7 +99,7 @@ def sweep_section(kind: str, models: Models, sets: list[PromptSet], s: Settings,
     return Section(f"Sweep: {kind}", [fig], {f"{kind} sweep": table[[c for c in cols if c in table]]}, notes), frame
 
 
-def diffusion_section(models: Models, sets: list[PromptSet], s: Settings, lengths: tuple[int, ...] = LENGTHS,
+def diffusion_section(models: Models, sets: list[PromptSet], s: BenchSettings, lengths: tuple[int, ...] = LENGTHS,
                       divisors: tuple[int, ...] = K_DIVISORS) -> tuple[Section, pd.DataFrame]:
     """Latency against output length N for AR, speculative and diffusion at K = N/d: the break-even plot."""
     gamma = s.gamma or models.preset.gamma
@@ -134,7 +134,7 @@ def diffusion_section(models: Models, sets: list[PromptSet], s: Settings, length
     return section, frame
 
 
-def cache_section(models: Models, sets: list[PromptSet], s: Settings, lengths: tuple[int, ...] = CACHE_LENGTHS,
+def cache_section(models: Models, sets: list[PromptSet], s: BenchSettings, lengths: tuple[int, ...] = CACHE_LENGTHS,
                   divisor: int = 4) -> tuple[Section, pd.DataFrame]:
     """Diffusion with each KV cache at N in lengths (K = N/divisor, blocks of CACHE_BLOCK): speed against
     ``none``, token agreement with ``none`` (same prompt, seed and N), perplexity and entropy beside."""
