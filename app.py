@@ -1,8 +1,8 @@
-"""Hugging Face Spaces entry point: the module-level ``demo`` is the whole app (explorer/ui.py)."""
+"""Hugging Face Spaces entry point: the module-level ``demo`` is the whole app (explorer/app/ui.py)."""
 
 import os
 
-from explorer.ui import build_demo
+from explorer.app.ui import build_demo
 
 demo = build_demo()
 

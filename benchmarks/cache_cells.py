@@ -14,8 +14,8 @@ import pandas as pd
 import torch
 
 import explorer
-from explorer import bench
-from explorer.workload import load_prompt_sets
+from explorer.measure import bench, sweeps
+from explorer.measure.workload import load_prompt_sets
 
 OUT = "runs/issue10"
 
@@ -29,10 +29,10 @@ def cell(n: int, index: int, repeats: int) -> None:
     configs += [bench.RunConfig("diffusion", f"diffusion cache={c} N={n}", {**opts, "cache": c}, f"N={n}", n)
                 for c in ("none", "prefix", "dual")]
     explorer.decode("diffusion", models, "def f(x):", max_new_tokens=32, steps=8, block_length=32)  # warm-up
-    frame = bench.run_requests(models, one, configs, bench.Settings(warmup=0, progress=False, repeats=repeats,
+    frame = bench.run_requests(models, one, configs, bench.BenchSettings(warmup=0, progress=False, repeats=repeats,
                                                                     ignore_eos=True))
     frame.to_pickle(f"{OUT}/cache_{n}_{index}.pkl")
-    print(bench.cache_table(frame).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    print(sweeps.cache_table(frame).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
 
 
 if __name__ == "__main__":
@@ -41,4 +41,4 @@ if __name__ == "__main__":
         cell(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else 1)
     else:
         frame = pd.concat([pd.read_pickle(f) for f in sorted(glob.glob(f"{OUT}/cache_*_*.pkl"))])
-        print(bench.cache_table(frame).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+        print(sweeps.cache_table(frame).to_string(index=False, float_format=lambda v: f"{v:.3g}"))

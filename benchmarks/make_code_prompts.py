@@ -1,7 +1,7 @@
 """Regenerate assets/prompts/code.jsonl and code_edit.jsonl from *held-out* stdlib files.
 
 The tiny models are trained on the CPython standard library minus a held-out split
-(explorer.train.is_heldout); prompts taken from held-out files were never trained on.
+(explorer.training.tiny.corpus.is_heldout); prompts taken from held-out files were never trained on.
 
     python benchmarks/make_code_prompts.py
 """
@@ -14,7 +14,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from explorer.train import find_stdlib_files, is_heldout
+from explorer.training.tiny.corpus import find_stdlib_files, is_heldout
 
 OUT = Path(__file__).resolve().parent.parent / "assets" / "prompts"
 SKIP = ("encodings/", "lib2to3/")  # codec tables and fixers: not functions worth completing

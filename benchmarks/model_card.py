@@ -22,8 +22,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import explorer  # noqa: E402
-from explorer.bench import cpu_name  # noqa: E402
-from explorer.workload import ignoring_eos, load_prompt_sets, score_quality  # noqa: E402
+from explorer.measure.bench import cpu_name  # noqa: E402
+from explorer.measure.workload import ignoring_eos, load_prompt_sets, score_quality  # noqa: E402
 
 
 def speculative_table(models, prompts, gammas, tokens):

@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from explorer.loadtest import start_app  # noqa: E402
+from explorer.measure.loadtest import start_app  # noqa: E402
 from explorer.models import DEFAULT_PRESET  # noqa: E402
 
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",

@@ -42,13 +42,13 @@ START_CHILD = """
 import time, json, sys
 t0 = time.perf_counter()
 sys.path.insert(0, {root!r})
-from explorer import ui
+from explorer.app import handlers, lane_settings, ui
 t_import = time.perf_counter()
-demo = ui.build_demo()
+demo = ui.build_demo(default_preset={preset!r})
 t_build = time.perf_counter()
 demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port={port}, quiet=True)
 t_launch = time.perf_counter()
-ui.load_preset({preset!r})
+lane_settings.load_preset({preset!r})
 t_models = time.perf_counter()
 demo.close()
 print(json.dumps({{"import_s": t_import - t0, "build_s": t_build - t_import, "launch_s": t_launch - t_build,
@@ -87,10 +87,9 @@ def measure_start(preset: str) -> dict:
 def measure_browser(preset: str, runs: int) -> dict:
     from playwright.sync_api import sync_playwright
 
-    from explorer import ui
+    from explorer.app import ui
 
-    ui.DEFAULT_PRESET = preset
-    demo = ui.build_demo()
+    demo = ui.build_demo(default_preset=preset)
     port = free_port()
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
     results = []
@@ -145,18 +144,17 @@ def measure_overhead(preset: str, repeats: int) -> dict:
     from gradio_client import Client
 
     import explorer
-    from explorer import render, ui
+    from explorer.app import handlers, lane_settings, render, ui
 
-    models = ui.load_preset(preset)
-    settings = ui.preset_settings(preset)
+    models = lane_settings.load_preset(preset)
+    settings = lane_settings.preset_settings(preset)
     if MAX_NEW:
         settings = dataclasses.replace(settings, max_new_tokens=MAX_NEW)
-    demo = ui.build_demo()
+    demo = ui.build_demo(default_preset=preset)
     port = free_port()
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
     client = Client(f"http://127.0.0.1:{port}/", verbose=False)
-    values = [list(v) if isinstance(v, tuple) else v for v in (getattr(settings, n) for n in ui.SETTING_NAMES)]
-    args = (PROMPT, preset, list(ui.METHODS), *values, 1.0)  # playback at real time: the shortest run
+    args = (PROMPT, preset, list(ui.METHODS), *settings.as_inputs(), 1.0)  # playback at real time: the shortest run
     bare: dict[str, list[float]] = {m: [] for m in ui.METHODS}
     in_app: dict[str, list[float]] = {m: [] for m in ui.METHODS}
     frames: list[int] = []
@@ -167,7 +165,7 @@ def measure_overhead(preset: str, repeats: int) -> dict:
                 bare[method].append(_decode_in_thread(explorer, method, models, settings.options(method)))
             time.sleep(SETTLE_S)
             job = client.submit(*args, api_name="/run")
-            result = job.result(timeout=600)[2]
+            result = job.result(timeout=600)[handlers.RUN_OUTPUTS.index("result")]
             frames.append(len(job.outputs()))
             for method in ui.METHODS:
                 in_app[method].append(result[method]["stats"]["wall_s"])
@@ -179,7 +177,7 @@ def measure_overhead(preset: str, repeats: int) -> dict:
         out[f"{method}_min"] = {"bare_wall_ms": min(bare[method]) * 1e3, "in_app_wall_ms": min(in_app[method]) * 1e3,
                                 "ui_overhead_pct": (min(in_app[method]) / min(bare[method]) - 1) * 100}
         trace = explorer.decode(method, models, PROMPT, **settings.options(method))
-        view = render.trace_view(trace, render.token_piece(ui._tokenizer(models, method)))
+        view = render.trace_view(trace, render.token_piece(lane_settings.lane_tokenizer(models, method)))
         start = time.perf_counter()
         for _ in range(50):
             render.lanes_html([render.lane_html(view)], [method])
@@ -200,7 +198,7 @@ def _decode_in_thread(explorer, method: str, models, options: dict) -> float:
 
 
 def main() -> None:
-    from explorer.ui import DEFAULT_PRESET
+    from explorer.app.ui import DEFAULT_PRESET
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default=DEFAULT_PRESET)

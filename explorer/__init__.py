@@ -1,15 +1,15 @@
 """Decoding explorer: speculative and masked-diffusion decoding, side by side, measured.
 
-Public API (DESIGN.md, contract)::
+Public API (the contract: docs/design.md, section 3)::
 
     import explorer
     models = explorer.load_models("tiny")
     trace = explorer.decode("speculative", models, "def parse(line):", max_new_tokens=64, gamma=4)
 """
 
-from explorer.api import decode, stream
+from explorer.decoding.api import decode, stream
+from explorer.decoding.events import Trace
 from explorer.errors import ExplorerError
-from explorer.events import Trace
 from explorer.models import PRESETS, Models, load_models
 
 __all__ = ["decode", "stream", "load_models", "Trace", "Models", "PRESETS", "ExplorerError"]

@@ -1,6 +1,7 @@
-"""``python -m explorer decode | bench | audit`` (DESIGN.md, contract).
+"""``python -m explorer decode | audit | bench | loadtest | deploy-space`` (contract: docs/design.md).
 
-Bad input exits with status 2 and one clear line on stderr, never a traceback.
+Bad input exits with status 2 and one clear line on stderr, never a traceback. The decoding flags are
+made from ``config.DecodeConfig`` (one flag per field, its help from ``config.OPTION_HELP``).
 """
 
 from __future__ import annotations
@@ -9,9 +10,16 @@ import argparse
 import json
 import math
 import sys
+from dataclasses import fields
 
+from explorer.decoding.config import METHODS, DecodeConfig
+from explorer.decoding.flags import add_model_arguments, add_option_arguments, option_help
 from explorer.errors import ExplorerError
 from explorer.models import DEFAULT_PRESET
+
+DECODE_OPTIONS = [f.name for f in fields(DecodeConfig)]  # one flag each: --max-new-tokens ...
+AUDIT_OPTIONS = ["temperature", "top_k", "top_p", "seed", "gamma", "drafter", "max_ngram", "early_exit_layers"]
+AUDIT_UNUSED = ["max_new_tokens", "adaptive_gamma", "draft_passes"]  # accepted (as ever), not used by the audit
 
 
 class _Parser(argparse.ArgumentParser):
@@ -20,64 +28,52 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default=DEFAULT_PRESET)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default=None)
-    p.add_argument("--prompt", required=True)
-    p.add_argument("--max-new-tokens", type=int, default=None)
-    p.add_argument("--temperature", type=float, default=None)
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--gamma", type=int, default=None)
-    p.add_argument("--drafter", default=None)
-    p.add_argument("--adaptive-gamma", action="store_true", default=None)
-    p.add_argument("--early-exit-layers", type=int, default=None)
-    p.add_argument("--draft-passes", type=int, default=None, help="diffusion drafter: denoiser passes per draft")
+    add_model_arguments(p)
+    p.add_argument("--prompt", required=True, help="the prompt text (plain presets: tokenized as is)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m explorer", description=__doc__)
+    parser = _Parser(prog="python -m explorer", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     d = sub.add_parser("decode", help="decode one prompt with one method")
     _add_common(d)
-    d.add_argument("--method", required=True)
-    d.add_argument("--steps", type=int, default=None)
-    d.add_argument("--block-length", type=int, default=None)
-    d.add_argument("--remasking", default=None)
-    d.add_argument("--threshold", type=float, default=None)
-    d.add_argument("--cache", default=None, help="diffusion KV cache: none, prefix or dual")
+    add_option_arguments(d, DECODE_OPTIONS)
+    d.add_argument("--method", required=True, help=f"one of {', '.join(METHODS)}")
     d.add_argument("--json", action="store_true", help="print one JSON object (the trace)")
     d.add_argument("--events", action="store_true", help="with --json: include every event")
     a = sub.add_parser("audit", help="check that speculative sampling preserves the target distribution")
     _add_common(a)
+    a.add_argument("--temperature", type=float, default=None, help=option_help("temperature", 1.0))
+    add_option_arguments(a, AUDIT_OPTIONS[1:])
+    add_option_arguments(a, AUDIT_UNUSED, hidden=True)
     a.add_argument("--samples", type=int, default=None,
                    help="samples of the speculative decoder (default: as many as make the known bugs detectable)")
     a.add_argument("--until-detectable", action="store_true",
                    help="raise --samples to the count at which the known bugs are detectable (up to --max-samples)")
-    a.add_argument("--max-samples", type=int, default=20_000)
+    a.add_argument("--max-samples", type=int, default=20_000, help="the most --until-detectable may raise it to")
     a.add_argument("--control", action="store_true", default=None,
                    help="also sample the autoregressive decoder (always done when the exact tests do not cover "
                         "every compared token)")
-    a.add_argument("--prefix-tokens", type=int, default=2)
+    a.add_argument("--prefix-tokens", type=int, default=2,
+                   help="output tokens compared, 1..4 (their joint distribution is tested)")
     a.add_argument("--json", action="store_true", help="print one JSON object; exit 0 PASS, 1 FAIL, 3 INCONCLUSIVE")
     lt = sub.add_parser("loadtest", help="drive the app with concurrent sessions on loopback; --soak for memory")
-    lt.add_argument("--preset", default=DEFAULT_PRESET)
-    lt.add_argument("--clients", type=int, default=8)
+    lt.add_argument("--preset", default=DEFAULT_PRESET, help=f"model bundle the app serves (default: {DEFAULT_PRESET})")
+    lt.add_argument("--clients", type=int, default=8, help="concurrent sessions, 1..64")
     lt.add_argument("--runs", type=int, default=3, help="runs per session")
-    lt.add_argument("--max-new-tokens", type=int, default=16)
+    lt.add_argument("--max-new-tokens", type=int, default=16, help="tokens each lane decodes per run")
     lt.add_argument("--url", default=None, help="a running app on a loopback address (default: start one)")
     lt.add_argument("--soak", action="store_true", help="sample resident memory every 10 runs")
-    lt.add_argument("--json", action="store_true")
+    lt.add_argument("--json", action="store_true", help="print one JSON object (the summary)")
     ds = sub.add_parser("deploy-space", help="build, check and upload the app as a Hugging Face Space")
     ds.add_argument("--repo", required=True, help="user/name of the Space (created if missing)")
     ds.add_argument("--dry-run", action="store_true", help="build and check the bundle only; upload nothing")
     ds.add_argument("--out", default=None, help="build the bundle in this folder (default: a temporary one)")
-    ds.add_argument("--private", action="store_true")
+    ds.add_argument("--private", action="store_true", help="create the Space private")
     b = sub.add_parser("bench", help="run a workload and print p50/p95/p99")
-    from explorer import bench
+    from explorer.measure import bench_cli
 
-    bench.add_arguments(b)
+    bench_cli.add_arguments(b)
     return parser
 
 
@@ -85,19 +81,11 @@ def _options(args: argparse.Namespace, names: list[str]) -> dict:
     return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
 
 
-DECODE_OPTIONS = ["max_new_tokens", "temperature", "top_k", "top_p", "seed", "gamma", "drafter", "adaptive_gamma",
-                  "early_exit_layers", "draft_passes", "steps", "block_length", "remasking", "threshold", "cache"]
-
-
 def run_decode(args: argparse.Namespace) -> int:
     import explorer
-    from explorer.config import METHODS, validate, validate_prompt
+    from explorer.decoding.config import validate, validate_prompt
 
     options = _options(args, DECODE_OPTIONS)
-    if args.method not in METHODS:
-        raise ExplorerError(f"unknown method {args.method!r}; choose one of {', '.join(METHODS)}")
-    from explorer.config import DecodeConfig
-
     validate(args.method, DecodeConfig(**options))  # before the (slow) model load
     validate_prompt(args.prompt)
     models = explorer.load_models(args.preset, device=args.device, dtype=args.dtype)
@@ -115,7 +103,7 @@ def run_decode(args: argparse.Namespace) -> int:
 
 def run_audit_command(args: argparse.Namespace) -> int:
     import explorer
-    from explorer.audit import report_lines, run_audit
+    from explorer.measure.audit import report_lines, run_audit
 
     if args.samples is not None and args.samples < 10:
         raise ExplorerError("--samples must be at least 10")
@@ -123,9 +111,9 @@ def run_audit_command(args: argparse.Namespace) -> int:
         raise ExplorerError("--max-samples must be between 10 and 1000000")
     if not 1 <= args.prefix_tokens <= 4:
         raise ExplorerError("--prefix-tokens must be between 1 and 4")
-    options = _options(args, ["temperature", "top_k", "top_p", "seed", "gamma", "drafter", "early_exit_layers"])
+    options = _options(args, AUDIT_OPTIONS)
     options.setdefault("temperature", 1.0)
-    from explorer.config import DecodeConfig, validate, validate_prompt
+    from explorer.decoding.config import validate, validate_prompt
 
     validate("speculative", DecodeConfig(**options))
     validate_prompt(args.prompt)
@@ -147,7 +135,7 @@ def _progress(done: int, total: int) -> None:
 
 
 def run_loadtest(args: argparse.Namespace) -> int:
-    from explorer.loadtest import require_loopback, run_load
+    from explorer.measure.loadtest import require_loopback, run_load
 
     if not 1 <= args.clients <= 64 or not 1 <= args.runs <= 10_000:
         raise ExplorerError("--clients must be 1..64 and --runs 1..10000")
@@ -181,12 +169,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "loadtest":
             return run_loadtest(args)
         if args.command == "deploy-space":
-            from explorer.hosting import deploy_space
+            from explorer.app.hosting import deploy_space
 
             return deploy_space(args.repo, args.dry_run, args.out, args.private)
-        from explorer import bench
+        from explorer.measure import bench_cli
 
-        return bench.run(args)
+        return bench_cli.run(args)
     except ExplorerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

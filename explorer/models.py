@@ -37,7 +37,7 @@ GPU_KINDS = ("hub", "gemma-hub")  # named presets of these kinds need a CUDA GPU
 @dataclass(frozen=True)
 class Preset:
     name: str
-    kind: str  # "random" | "local" | "gguf" | "hub" | "gemma-hub" | "gemma-random" (explorer/gemma.py)
+    kind: str  # "random" | "local" | "gguf" | "hub" | "gemma-hub" | "gemma-random" (explorer/families/gemma.py)
     description: str
     target: str | None = None
     draft: str | None = None
@@ -99,7 +99,7 @@ class Models:
     dtype: torch.dtype
     diffusion_shift: bool = False  # logits at i predict token i+1 (Dream, adapted AR models)
     names: dict[str, str] = field(default_factory=dict)
-    assistant: nn.Module | None = None  # drafts from the target's hidden states (explorer/eagle.py)
+    assistant: nn.Module | None = None  # drafts from the target's hidden states (explorer/families/eagle.py)
 
     @property
     def mask_token_id(self) -> int | None:
@@ -196,7 +196,7 @@ def _load_uncached(name: str, device: torch.device, dtype: torch.dtype, hub_ids:
     if preset.kind in GPU_KINDS and name != "custom" and not torch.cuda.is_available():
         raise ExplorerError(f"preset {name!r} needs a CUDA GPU and network (its weights come from the Hub); "
                             "this machine has no CUDA GPU. Use preset 'tiny'.")
-    from explorer.gemma import load_gemma
+    from explorer.families.gemma import load_gemma
 
     loader = {"random": _load_random, "local": _load_local, "gguf": _load_gguf, "hub": _load_hub,
               "gemma-hub": load_gemma, "gemma-random": load_gemma}[preset.kind]
@@ -284,9 +284,9 @@ SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 def _load_gguf(preset: Preset, device: torch.device, dtype: torch.dtype) -> Models:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from explorer.diffusion_adapter import load_diffusion_adapter
-    from explorer.eagle import load_eagle_head
-    from explorer.trimmed_draft import load_trimmed_draft
+    from explorer.families.diffusion_adapter import load_diffusion_adapter
+    from explorer.families.eagle import load_eagle_head
+    from explorer.families.trimmed_draft import load_trimmed_draft
 
     try:
         path = smollm2_gguf_path()
@@ -401,7 +401,7 @@ def _load_random(preset: Preset, device: torch.device, dtype: torch.dtype) -> Mo
 
 def build_random_eagle(target: nn.Module, seed: int, noise: float = 0.02, kept: torch.Tensor | None = None):
     """An EAGLE head built from the target (its last layer) plus seeded noise: a miniature for tests."""
-    from explorer.eagle import build_eagle_head
+    from explorer.families.eagle import build_eagle_head
 
     vocab = target.config.vocab_size
     head = build_eagle_head(target, torch.arange(vocab) if kept is None else kept)

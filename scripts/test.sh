@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs what the tests need (venv, Python packages, Debian chromium for the browser tests), runs them.
+# Installs what the tests need (venv, Python packages, Debian chromium for the browser tests), runs ruff, then them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev
@@ -11,4 +11,6 @@ if ! command -v chromium >/dev/null 2>&1; then
     echo "warning: chromium missing and not root; browser tests will be skipped" >&2
   fi
 fi
+# Lint first (pyproject.toml [tool.ruff]); a lint error fails the test command before any test runs.
+.venv/bin/python -m ruff check explorer tests benchmarks
 exec .venv/bin/python -m pytest "$@"

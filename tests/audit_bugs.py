@@ -1,11 +1,12 @@
 """Known speculative-sampling bugs, injected with pytest's monkeypatch (tests and benchmarks/audit_verdicts.py).
 
-Each mirrors a bug the audit models exactly (``explorer.audit.BUGS``).
+Each mirrors a bug the audit models exactly (``explorer.measure.audit.BUGS``).
 """
 
 import torch
 
-from explorer import drafters, eagle, sampling, speculative
+from explorer.decoding import drafters, sampling, speculative
+from explorer.families import eagle
 
 
 def no_residual(monkeypatch):

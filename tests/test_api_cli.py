@@ -1,4 +1,4 @@
-"""The public API and the CLI as DESIGN.md fixes them; bad input gets one clear line."""
+"""The public API and the CLI as docs/design.md fixes them; bad input gets one clear line."""
 
 import json
 import math
@@ -11,8 +11,8 @@ import torch
 
 import explorer
 from explorer.cli import main
-from explorer.sampling import warp_logits
-from explorer.speculative import acceptance_probability, residual_distribution, verify_drafts
+from explorer.decoding.sampling import warp_logits
+from explorer.decoding.speculative import acceptance_probability, residual_distribution, verify_drafts
 
 STATS_KEYS = {"new_tokens", "target_forward_passes", "draft_forward_passes", "proposed", "accepted",
               "acceptance_rate", "wall_s", "ttft_s"}
@@ -237,3 +237,43 @@ def test_cli_audit_verdicts_json_and_text(capsys):
     assert code == 3 and out.strip().splitlines()[-1].startswith("INCONCLUSIVE")
     assert re.search(r"about \d+ samples would suffice", out)  # with the control: 4 tests, a stricter level
     assert "two-sample AR vs speculative" in out
+
+
+def test_every_drafter_meets_the_drafter_protocol(random_models):
+    """make_drafter returns a Drafter; a proposal has g <= gamma tokens and one q row (V,) per token."""
+    from explorer.decoding.config import DecodeConfig
+    from explorer.decoding.drafters import Draft, Drafter, available_drafters, make_drafter
+    from explorer.decoding.sampling import make_generator
+
+    ids = random_models.tokenizer("def parse(line): return line def parse(").input_ids
+    vocab = random_models.target.get_output_embeddings().weight.shape[0]
+    for name in available_drafters(random_models):
+        cfg = DecodeConfig(drafter=name, temperature=1.0)
+        drafter = make_drafter(random_models, cfg)
+        assert isinstance(drafter, Drafter) and isinstance(drafter.name, str)
+        draft = drafter.propose(ids, 3, cfg, make_generator(0))
+        assert isinstance(draft, Draft) and len(draft.tokens) <= 3
+        if draft.tokens:
+            assert tuple(draft.q.shape) == (len(draft.tokens), vocab)
+        drafter.rollback(len(ids))
+        assert drafter.cache_len is None or drafter.cache_len <= len(ids)
+
+
+def test_every_cli_flag_has_help_and_every_decode_option_a_flag():
+    """One source: each DecodeConfig field is a `decode` flag with config.OPTION_HELP's sentence as help."""
+    import argparse
+    import dataclasses
+
+    from explorer.cli import build_parser
+    from explorer.decoding.config import OPTION_HELP, DecodeConfig
+
+    names = {f.name for f in dataclasses.fields(DecodeConfig)}
+    assert set(OPTION_HELP) == names
+    commands = build_parser()._subparsers._group_actions[0].choices
+    for command, sub in commands.items():
+        for action in sub._actions:
+            if not isinstance(action, argparse._HelpAction):
+                assert action.help, f"{command} {action.option_strings} has no help"
+    decode = {a.dest: a for a in commands["decode"]._actions}
+    for name in names:
+        assert decode[name].help.startswith(OPTION_HELP[name].split(" (default")[0]), name

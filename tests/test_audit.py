@@ -9,7 +9,7 @@ from audit_bugs import INJECT
 from scipy import stats
 
 import explorer
-from explorer import audit
+from explorer.measure import audit, audit_exact, audit_stats
 from explorer.models import TINY_DIR
 
 pytestmark = pytest.mark.skipif(not (TINY_DIR / "target" / "config.json").exists(),
@@ -27,7 +27,7 @@ def test_real_sampler_passes_at_the_default_sample_count(tiny):
     assert result.status == "PASS" and result.verdict.startswith("PASS"), result.verdict
     assert result.samples == max(audit.MIN_SAMPLES, result.samples_needed)
     counted = [b for b in result.bugs if b["counted"]]
-    assert {b["name"] for b in counted} == set(audit.BUGS) and all(b["power"] >= audit.POWER for b in counted)
+    assert {b["name"] for b in counted} == set(audit.BUGS) and all(b["power"] >= audit_stats.POWER for b in counted)
     assert result.exact_joint_p_value is not None and result.chi2_p_value is None  # the exact tests cover both
 
 
@@ -68,22 +68,22 @@ def test_power_and_minimum_detectable_tv_are_calibrated():
     null = np.array([0.4, 0.3, 0.2, 0.1])
     alt = np.array([0.3, 0.3, 0.25, 0.15])
     n, alpha = 150, 0.01
-    predicted = audit.detection_power(null, alt, n, alpha)
-    rejected = np.mean([audit.gof_p_value(null, rng.choice(4, n, p=alt))[0] < alpha for _ in range(400)])
+    predicted = audit_stats.detection_power(null, alt, n, alpha)
+    rejected = np.mean([audit_stats.gof_p_value(null, rng.choice(4, n, p=alt))[0] < alpha for _ in range(400)])
     assert abs(rejected - predicted) < 0.08 and 0.2 < predicted < 0.95
-    assert audit.detection_power(null, null, n, alpha) == pytest.approx(alpha)
-    d = audit.min_detectable_tv(null, n, alpha)  # any alternative this far away is detected with 90%
+    assert audit_stats.detection_power(null, null, n, alpha) == pytest.approx(alpha)
+    d = audit_stats.min_detectable_tv(null, n, alpha)  # any alternative this far away is detected with 90%
     worst = null + d * np.array([1, -1, 0, 0])  # TV d, the shape that gives the least chi-square
-    assert audit.detection_power(null, worst, n, alpha) >= audit.POWER - 1e-6
+    assert audit_stats.detection_power(null, worst, n, alpha) >= audit_stats.POWER - 1e-6
 
 
 def test_cells_rule_and_impossible_outcomes():
-    cell, k = audit.cells(np.array([0.5, 0.46, 0.02, 0.02, 0.0]), 100)
+    cell, k = audit_stats.cells(np.array([0.5, 0.46, 0.02, 0.02, 0.0]), 100)
     assert k == 2 and cell.tolist() == [0, 1, 1, 1, -1]  # the rest expects 4 < 5: merged into the smallest cell
-    cell, k = audit.cells(np.array([0.5, 0.45, 0.03, 0.02]), 100)
+    cell, k = audit_stats.cells(np.array([0.5, 0.45, 0.03, 0.02]), 100)
     assert k == 3 and cell.tolist() == [0, 1, 2, 2]  # the rest expects 5: a cell of its own
-    assert audit.gof_p_value(np.array([0.5, 0.5, 0.0]), np.array([0, 1, 2] * 10))[0] == 0.0
-    p_value, _ = audit.gof_p_value(np.array([0.5, 0.5]), np.array([0] * 60 + [1] * 40))
+    assert audit_stats.gof_p_value(np.array([0.5, 0.5, 0.0]), np.array([0, 1, 2] * 10))[0] == 0.0
+    p_value, _ = audit_stats.gof_p_value(np.array([0.5, 0.5]), np.array([0] * 60 + [1] * 40))
     assert p_value == pytest.approx(stats.chisquare([60, 40], [50, 50]).pvalue)
 
 
@@ -103,7 +103,7 @@ def test_the_audit_models_a_second_step_drafter(mini):
     the audit assumed the first step drafts), and the sampled drafts are really verified."""
     plan = audit.plan_audit(mini, "import os\n", 2, **ASSISTANT)
     assert plan.exact.drafts_second and plan.bug_joint and not plan.exact.q1.any()
-    null = audit.joint_two(plan.exact, None)
+    null = audit_exact.joint_two(plan.exact, None)
     np.testing.assert_allclose(null, plan.exact.p1[plan.exact.first][:, None] * plan.exact.p2, atol=1e-9)
     tvs = {b["name"]: b["tv_here"] for b in audit._bug_table(plan, 100, 0.01)}
     assert tvs["no_residual"] > 0.02 and tvs["q_before_warping"] > 0.04

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import explorer
-from explorer import bench, report
 from explorer.cli import main
-from explorer.workload import (
+from explorer.measure import bench, costs, peer, report, sweeps
+from explorer.measure.workload import (
     MAX_PROMPTS,
     generative_perplexity,
     ignoring_eos,
@@ -26,7 +26,7 @@ from explorer.workload import (
 CSV_COLUMNS = {"method", "config", "prompt_set", "prompt_id", "repeat", "new_tokens", "latency_s", "ttft_s",
                "itl_p50_s", "itl_p99_s", "acceptance_rate", "tokens_per_target_pass", "target_forward_passes",
                "draft_forward_passes", "peak_memory_bytes", "memory_kind", "perplexity", "token_entropy_bits"}
-FAST = bench.Settings(max_new_tokens=8, warmup=0, progress=False)
+FAST = bench.BenchSettings(max_new_tokens=8, warmup=0, progress=False)
 CHROMIUM = "/usr/bin/chromium"
 
 
@@ -85,7 +85,7 @@ def test_crossings_of_two_power_laws_are_found_where_they_meet():
     n = [16, 32, 64, 128]
     ar = [x * 1.0 for x in n]  # latency = N
     diffusion = [x * x / 64 for x in n]  # latency = N^2 / 64: equal at N = 64, faster below
-    (n_cross, lat, faster_above), = bench.find_crossings(n, diffusion, ar)
+    (n_cross, lat, faster_above), = sweeps.find_crossings(n, diffusion, ar)
     assert n_cross == pytest.approx(64) and lat == pytest.approx(64) and faster_above == "second"
 
 
@@ -116,10 +116,10 @@ def test_ignoring_eos_makes_exactly_max_new_tokens(random_models):
 @pytest.fixture(scope="module")
 def sections(random_models, two_prompts):
     """A gamma sweep, a diffusion break-even sweep, a batch sweep and the memory table, kept small."""
-    gamma, _ = bench.sweep_section("gamma", random_models, two_prompts, FAST, values=(1, 3))
-    diffusion, _ = bench.diffusion_section(random_models, two_prompts[:1], FAST, lengths=(8, 16), divisors=(2, 4))
-    batch, _ = bench.batch_section(random_models, two_prompts[:1], FAST, acceptance=0.5, batches=(1, 2), reps=1)
-    memory, _ = bench.memory_section(random_models)
+    gamma, _ = sweeps.sweep_section("gamma", random_models, two_prompts, FAST, values=(1, 3))
+    diffusion, _ = sweeps.diffusion_section(random_models, two_prompts[:1], FAST, lengths=(8, 16), divisors=(2, 4))
+    batch, _ = costs.batch_section(random_models, two_prompts[:1], FAST, acceptance=0.5, batches=(1, 2), reps=1)
+    memory, _ = costs.memory_section(random_models)
     return [gamma, diffusion, batch, memory]
 
 
@@ -143,10 +143,10 @@ def test_sweeps_produce_their_figures(sections):
 
 
 def test_peer_outputs_equal_ours_at_temperature_zero(random_models, two_prompts):
-    frame = bench.run_peer(random_models, two_prompts[:1], FAST)
+    frame = peer.run_peer(random_models, two_prompts[:1], FAST)
     assert set(frame["pair"]) == {"greedy", "draft model", "prompt lookup"}
     assert frame["output_equal"].all()
-    summary = bench.peer_summary(frame)
+    summary = peer.peer_summary(frame)
     assert (summary["time_ours_over_theirs"] > 0).all() and (summary["outputs_equal"] == "1/1").all()
 
 
@@ -229,5 +229,5 @@ def test_shipped_prompt_sets_load(tmp_path):
         assert len(loaded.prompts) >= 10 and loaded.notice is None
     hot = load_prompt_set("high_temperature")
     assert all(p.temperature is not None and p.temperature > 0.5 for p in hot.prompts)
-    assert all(json.loads(line)["prompt"] for line in (Path(bench.__file__).parent.parent / "assets" / "prompts" /
+    assert all(json.loads(line)["prompt"] for line in (Path(bench.__file__).parents[2] / "assets" / "prompts" /
                                                         "code.jsonl").read_text().splitlines())

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import explorer
-from explorer.diffusion import choose_positions, reveal_schedule
-from explorer.events import RefinementStep
+from explorer.decoding.diffusion import choose_positions, reveal_schedule
+from explorer.decoding.events import RefinementStep
 from explorer.models import Models
 
 

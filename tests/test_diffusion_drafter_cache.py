@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import explorer
-from explorer import drafters, speculative
-from explorer.config import DecodeConfig
-from explorer.diffusion import decode_diffusion
+from explorer.decoding import drafters, speculative
+from explorer.decoding.config import DecodeConfig
+from explorer.decoding.diffusion import decode_diffusion
 from explorer.errors import ExplorerError
 from explorer.models import Models, Preset, build_byte_tokenizer, build_random_llama, make_bidirectional
 from tests.test_speculative_exact import PROMPTS, chi_square_p, exact_two_token_distribution
@@ -74,13 +74,13 @@ def test_causal_denoiser_one_pass_per_token_drafts_what_the_model_drafter_drafts
 
 def final_drafts(trace):
     """The complete draft of each step (a refining drafter's last Proposal of the step)."""
-    return list({e.step: e.tokens for e in trace.events if isinstance(e, explorer.events.Proposal)}.values())
+    return list({e.step: e.tokens for e in trace.events if isinstance(e, explorer.decoding.events.Proposal)}.values())
 
 
 def test_refining_draft_yields_one_proposal_per_pass(random_models):
     trace = explorer.decode("speculative", random_models, "abc", max_new_tokens=9, gamma=4, drafter="diffusion",
                             draft_passes=2, temperature=0.8, seed=1)
-    proposals = [e for e in trace.events if isinstance(e, explorer.events.Proposal)]
+    proposals = [e for e in trace.events if isinstance(e, explorer.decoding.events.Proposal)]
     assert sum(p.draft_passes for p in proposals) == trace.stats["draft_forward_passes"]
     by_step = {}
     for p in proposals:
@@ -116,7 +116,7 @@ def sample_two_tokens(models, prompt_ids, passes):
     for seed in range(SAMPLES):
         cfg = DecodeConfig(max_new_tokens=2, temperature=TEMPERATURE, top_k=TOP_K, seed=seed, gamma=2,
                            drafter="diffusion", draft_passes=passes)
-        x1, x2 = run(speculative.decode_speculative(models, prompt_ids, cfg))[0]["tokens"]
+        x1, x2 = run(speculative.decode_speculative(models, prompt_ids, cfg))[0].tokens
         counts[x1, x2] += 1
     return counts
 
@@ -177,13 +177,13 @@ def test_cache_reuse_is_real(random_models):
                                      dict(max_new_tokens=16, steps=16, threshold=0.3)])
 def test_cache_refreshed_every_step_gives_the_output_of_none(random_models, cache, options):
     ids = random_models.tokenizer("import os\n").input_ids
-    none = run(decode_diffusion(random_models, ids, DecodeConfig(cache="none", **options)))[0]["tokens"]
+    none = run(decode_diffusion(random_models, ids, DecodeConfig(cache="none", **options)))[0].tokens
     fed = []
     handle = random_models.diffusion.register_forward_hook(
         lambda m, args, kwargs, out: fed.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
     try:
         refreshed = run(decode_diffusion(random_models, ids, DecodeConfig(cache=cache, **options),
-                                         refresh_every_step=True))[0]["tokens"]
+                                         refresh_every_step=True))[0].tokens
     finally:
         handle.remove()
     assert refreshed == none
@@ -215,8 +215,8 @@ def test_cache_on_a_model_without_kv_cache_is_refused_and_defaults_to_none():
 
 
 def test_default_cache_and_adaptive_passes_in_the_stats(random_models):
-    from explorer.config import DEFAULT_CACHE
-    from explorer.render import lane_detail
+    from explorer.app.render import lane_detail
+    from explorer.decoding.config import DEFAULT_CACHE
 
     trace = explorer.decode("diffusion", random_models, "abc", max_new_tokens=16, steps=16, block_length=8,
                             threshold=0.05)

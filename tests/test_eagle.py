@@ -1,4 +1,4 @@
-"""The EAGLE head (explorer/eagle.py): a drafter that reads the target's final hidden states.
+"""The EAGLE head (explorer/families/eagle.py): a drafter that reads the target's final hidden states.
 
 References: the training forward (EAGLE-3's training-time test) against the drafting loop run step
 by step; greedy speculative decoding against autoregressive decoding; a chi-square test of tokens 2
@@ -12,12 +12,12 @@ import torch
 from references import np_warp
 
 import explorer
-from explorer import speculative
-from explorer.config import DecodeConfig
-from explorer.drafters import available_drafters, make_drafter
-from explorer.eagle import FeatureDrafter, load_eagle_head, save_eagle_head
+from explorer.decoding import speculative
+from explorer.decoding.config import DecodeConfig
+from explorer.decoding.drafters import available_drafters, make_drafter
+from explorer.decoding.events import Proposal, Verification
 from explorer.errors import ExplorerError
-from explorer.events import Proposal, Verification
+from explorer.families.eagle import FeatureDrafter, load_eagle_head, save_eagle_head
 from explorer.models import Models, Preset, build_random_eagle, build_random_llama
 from tests.test_speculative_exact import chi_square_p
 
@@ -167,7 +167,7 @@ def sample_tokens_2_3(models, prompt):
                     accepted += event.accepted
                     rejected += event.resampled is not None
         except StopIteration as stop:
-            x2, x3 = stop.value["tokens"][1:3]
+            x2, x3 = stop.value.tokens[1:3]
         counts[x2, x3] += 1
     return counts, accepted, rejected
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import explorer
-from explorer.gemma import AssistantDrafter
-from explorer.render import diffusion_canvas
+from explorer.app.render import diffusion_canvas
+from explorer.families.gemma import AssistantDrafter
 
 PROMPTS = ["def parse(line):", "The quick brown fox", "x = [i for i in"]
 
@@ -53,15 +53,15 @@ def test_assistant_speculative_equals_autoregressive_and_transformers(gemma, gam
         assisted = gemma.target.generate(ids, max_new_tokens=n, do_sample=False, assistant_model=gemma.draft)
         assisted = assisted[0, ids.shape[1]:].tolist()
         assert spec.token_ids == ar.token_ids == plain == assisted, prompt
-        ours = [list(e.tokens) for e in spec.events if isinstance(e, explorer.events.Proposal) and e.tokens]
+        ours = [list(e.tokens) for e in spec.events if isinstance(e, explorer.decoding.events.Proposal) and e.tokens]
         assert ours == hf_drafts, prompt  # the same drafts, round by round, as transformers' generator
         accepted += spec.stats["accepted"]
     assert accepted > 0  # some drafts were accepted: rounds after a partial acceptance were compared too
 
 
 def test_assistant_drafter_is_chosen_for_an_assistant_draft(gemma):
-    from explorer.config import DecodeConfig
-    from explorer.drafters import make_drafter
+    from explorer.decoding.config import DecodeConfig
+    from explorer.decoding.drafters import make_drafter
 
     assert isinstance(make_drafter(gemma, DecodeConfig(drafter="model")), AssistantDrafter)
     with pytest.raises(explorer.ExplorerError, match="reads the target's hidden states"):
@@ -107,7 +107,7 @@ def test_diffusion_gemma_equals_generate_and_animates_the_streamer_drafts(gemma,
         hf = hf[: hf.index(eos) + 1]
     assert trace.token_ids == hf
     # Replaying the events step by step rebuilds exactly the draft put_draft received at that step.
-    events = [e for e in trace.events if isinstance(e, explorer.events.RefinementStep)]
+    events = [e for e in trace.events if isinstance(e, explorer.decoding.events.RefinementStep)]
     assert len(events) == len(recorder.drafts) == trace.stats["target_forward_passes"]
     canvas = 8
     for i, (event, draft) in enumerate(zip(events, recorder.drafts, strict=True)):

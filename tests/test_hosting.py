@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import explorer
-from explorer import hosting
+from explorer.app import hosting
 from explorer.cli import main
 
 
@@ -22,10 +22,10 @@ def bundle(tmp_path_factory):
 def test_bundle_builds_and_passes_its_checks(bundle):
     folder, listing = bundle
     assert hosting.check_bundle(folder) == []
-    for needed in ["app.py", "requirements.txt", "README.md", ".gitattributes", "explorer/gemma.py",
-                   "explorer/ui.py", "assets/style.css"]:
+    for needed in ["app.py", "requirements.txt", "README.md", ".gitattributes", "explorer/families/gemma.py",
+                   "explorer/app/ui.py", "assets/style.css"]:
         assert needed in listing
-    page_text = sorted(f"explorer/app_text/{p.name}" for p in (hosting.ROOT / "explorer" / "app_text").glob("*.md"))
+    page_text = sorted(f"explorer/app/text/{p.name}" for p in (hosting.ROOT / "explorer" / "app" / "text").glob("*.md"))
     assert page_text and all(p in listing for p in page_text)  # the app reads its prose at start-up
     smollm2 = ["assets/models/smollm2-135m/draft/model.safetensors",
                "assets/models/smollm2-135m/diffusion/adapter_model.safetensors",

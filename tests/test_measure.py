@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 import explorer
-from explorer import metrics, ui
+from explorer.app import measure_tab
+from explorer.measure import metrics
 
 PROMPTS = ["def parse(line):", "class Stack:"]
 
@@ -47,7 +48,7 @@ def test_speedup_compares_with_the_matching_reference_and_skips_other_families(t
     assert row["speedup_lo"] <= row["speedup"] <= row["speedup_hi"]
     diffusion = summary[summary["method"] == "diffusion"].iloc[0]
     assert np.isnan(diffusion["speedup"]) and "another family" in diffusion["speedup_note"]
-    table = ui.summary_table(summary)
+    table = measure_tab.summary_table(summary)
     assert "another family" in table[table["setup"].str.startswith("diffusion")]["speedup vs AR"].iloc[0]
 
 
@@ -66,7 +67,7 @@ def test_spread_is_a_bootstrap_interval_around_the_estimate():
 
 def test_export_writes_every_trace_with_prompt_and_settings(traces):
     many = traces * 4  # 64 requests: more than any old cap of 50
-    csv_path, json_path = ui.export_traces(many)
+    csv_path, json_path = measure_tab.export_traces(many)
     with open(csv_path, newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == len(many)

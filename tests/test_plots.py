@@ -6,8 +6,8 @@ import plotly.graph_objects as go
 import pytest
 
 import explorer
-from explorer import plots
-from explorer.metrics import predicted_speedup
+from explorer.app import plots
+from explorer.measure.metrics import predicted_speedup
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ import pytest
 
 import explorer
 from explorer import models as models_mod
-from explorer.loadtest import require_loopback, run_load
+from explorer.measure.loadtest import require_loopback, run_load
 
 
 def test_concurrent_sessions_get_their_own_traces_without_errors():

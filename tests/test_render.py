@@ -5,8 +5,8 @@ import re
 import pytest
 
 import explorer
-from explorer import render
-from explorer.events import DraftCheck, Proposal, RefinementStep, TokenStep, Verification
+from explorer.app import narration, render
+from explorer.decoding.events import DraftCheck, Proposal, RefinementStep, TokenStep, Verification
 
 SCRIPT = "<script>alert(1)</script>"
 PIECES = {1: "a", 2: " b", 3: "\n", 4: SCRIPT, 5: '"q"&', 6: "\x08", 7: "z"}
@@ -73,15 +73,15 @@ def test_narration_names_the_tokens_of_the_latest_step():
     ver = verification(0, [check(0, 1, True, p=0.5, q=0.4), check(1, 2, False, p=0.1, q=0.5)], 1, (1, 4),
                        resampled=4)
     view = render.LaneView("speculative", [proposal, ver], "p", piece, 16, total_steps=6)
-    text = render.narration_html([view])
+    text = narration.narration_html([view])
     assert "Step 1 of 6" in text and "<code>a</code> kept because p ≥ q" in text
     assert "<code><span class=\"ws\">·</span>b</code> <b>rejected</b>: p/q = 0.20" in text
     assert "<code>z</code> discarded unchecked" in text and "max(0, p − q)" in text
     assert "&lt;script&gt;" in text and "<script>" not in text  # the resampled token is escaped
-    pending = render.narration_html([render.LaneView("speculative", [proposal], "p", piece, 16)])
+    pending = narration.narration_html([render.LaneView("speculative", [proposal], "p", piece, 16)])
     assert "will check all 3 in <b>one</b> pass" in pending
     steps = [RefinementStep(1.0, 0, 0, (0, 3), (1, 2), (0.9, 0.2), 6, 0.01)]
-    diff = render.narration_html([render.LaneView("diffusion", steps, "p", piece, 8, total_steps=4)])
+    diff = narration.narration_html([render.LaneView("diffusion", steps, "p", piece, 8, total_steps=4)])
     assert "Step 1 of 4" in diff and "the 2 most confident were revealed" in diff and "6 masks left" in diff
 
 

@@ -8,10 +8,10 @@ import torch
 from references import np_warp
 from scipy import stats
 
-from explorer.audit import Exact, first_step, joint_two, reference_warp
-from explorer.config import DecodeConfig
-from explorer.sampling import warp_logits
-from explorer.speculative import next_gamma, verify_drafts
+from explorer.decoding.config import DecodeConfig
+from explorer.decoding.sampling import warp_logits
+from explorer.decoding.speculative import next_gamma, verify_drafts
+from explorer.measure.audit_exact import Exact, first_step, joint_two, reference_warp
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p", itertools.product([0.0, 0.5, 1.0, 1.7], [None, 1, 3, 7],

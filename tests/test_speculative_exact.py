@@ -15,8 +15,8 @@ from references import np_warp
 from scipy import stats
 
 import explorer
-from explorer import speculative
-from explorer.config import DecodeConfig
+from explorer.decoding import speculative
+from explorer.decoding.config import DecodeConfig
 from explorer.models import Models, Preset, build_random_llama
 
 PROMPTS = ["def parse(line):", "import os\n", "x = [i * i for i", "class A:\n    def", "Hello, world",
@@ -60,7 +60,7 @@ def test_counting_and_kv_rollback(random_models):
         assert s["new_tokens"] / s["target_forward_passes"] >= 1
         emitted = 0
         for event in trace.events:
-            if isinstance(event, explorer.events.Verification):
+            if isinstance(event, explorer.decoding.events.Verification):
                 emitted += len(event.emitted)
                 # the target cache holds everything but the newest token
                 assert event.target_cache_len == n_prompt + emitted - 1
@@ -137,7 +137,7 @@ def sample_two_tokens(models, prompt_ids, vocab=VOCAB, samples=SAMPLES, temperat
             while True:
                 next(gen)
         except StopIteration as stop:
-            x1, x2 = stop.value["tokens"]
+            x1, x2 = stop.value.tokens
         counts[x1, x2] += 1
     return counts
 
@@ -177,6 +177,6 @@ def test_adaptive_gamma_keeps_greedy_output_and_changes_gamma(random_models):
         ar = explorer.decode("autoregressive", random_models, prompt, max_new_tokens=24)
         spec = explorer.decode("speculative", random_models, prompt, max_new_tokens=24, gamma=3, adaptive_gamma=True)
         assert spec.token_ids == ar.token_ids
-        gammas = [e.gamma for e in spec.events if isinstance(e, explorer.events.Proposal)]
+        gammas = [e.gamma for e in spec.events if isinstance(e, explorer.decoding.events.Proposal)]
         changed |= len(set(gammas)) > 1
     assert changed, "adaptive gamma never moved"

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from explorer.models import make_bidirectional
-from explorer.train import check_bidirectional, train_all
+from explorer.training.tiny.pipeline import train_all
+from explorer.training.tiny.recipes import check_bidirectional
 
 MODELS = ("target", "draft", "diffusion")
 SNIPPET = "def grüß(x):\n    return f'{x!r} → ✓ 日本語' # 🐍\n\n\tpass  \r\n"

@@ -1,5 +1,6 @@
 """The app through its public API (gradio_client), and the handlers the buttons call."""
 
+import dataclasses
 import json
 import re
 import threading
@@ -11,16 +12,20 @@ import pytest
 from gradio_client import Client, handle_file
 
 import explorer
-from explorer import ui
-from explorer.loadtest import start_app
+from explorer.app import handlers, lane_settings, measure_tab, page, playback, ui
+from explorer.decoding.api import make_config
+from explorer.measure.loadtest import start_app
 
 PROMPT = "def parse(line):"
 LANES = ["autoregressive", "speculative", "diffusion"]
-# prompt, preset, lanes, then ui.Settings in field order: max_new_tokens, temperature, top_p, seed, drafter,
-# gamma, adaptive_gamma, tokens_per_step (N/K), blocks (N / block length), remasking, threshold, flags;
-# then the playback speed (1 = real time)
-RESULT = 2  # /run outputs: frame, run table, token ids per lane, model info, figures ..., replay scrubber
-SETTINGS = (32, 0.0, 1.0, 0, "model", 4, False, 2, 2, "low_confidence", 0.0, ui.Settings.cache, list(ui.FLAG_FIELDS))
+RESULT = handlers.RUN_OUTPUTS.index("result")  # /run outputs: frame, run table, token ids per lane, model info, ...
+# The /run inputs: prompt, preset, lanes, then lane_settings.Settings in field order, then the playback speed
+# (1 = real time).
+BASE = lane_settings.Settings(max_new_tokens=32, temperature=0.0, top_p=1.0, seed=0, drafter="model", gamma=4,
+                   adaptive_gamma=False, tokens_per_step=2, blocks=2, remasking="low_confidence", threshold=0.0,
+                   cache=lane_settings.Settings.cache, flags=lane_settings.FLAG_FIELDS)
+SETTINGS = tuple(BASE.as_inputs())
+SHORT = tuple(dataclasses.replace(BASE, max_new_tokens=8).as_inputs())  # the same with N = 8
 RUN_ARGS = (PROMPT, "random-tiny", LANES, *SETTINGS, 1.0)
 
 
@@ -63,12 +68,12 @@ def test_bad_input_gives_one_clear_message_and_the_app_keeps_serving(client):
         client.predict("def f():\x07", *RUN_ARGS[1:], api_name="/run")
     with pytest.raises(Exception, match="the prompt is empty"):
         client.predict("   ", *RUN_ARGS[1:], api_name="/run")
-    ok = client.predict(PROMPT, "random-tiny", ["speculative"], 8, *RUN_ARGS[4:], api_name="/run")
+    ok = client.predict(PROMPT, "random-tiny", ["speculative"], *SHORT, 1.0, api_name="/run")
     assert list(ok[RESULT]) == ["speculative"] and len(ok[RESULT]["speculative"]["token_ids"]) == 8
 
 
 def test_measure_repeats_and_summarizes(client):
-    args = (PROMPT, None, 3, "random-tiny", ["autoregressive", "speculative"], 8, *SETTINGS[1:])
+    args = (PROMPT, None, 3, "random-tiny", ["autoregressive", "speculative"], *SHORT)
     status, summary, per_prompt, *_ = client.predict(*args, api_name="/measure")
     assert "6 decodes" in status
     rows = summary["data"] if isinstance(summary, dict) else summary
@@ -81,70 +86,72 @@ def test_measure_repeats_and_summarizes(client):
 def test_uploaded_workload_runs_every_prompt(client, tmp_path):
     prompts = tmp_path / "traffic.jsonl"
     prompts.write_text('{"prompt": "def a(x):"}\n{"prompt": "class B:"}\n', encoding="utf-8")
-    args = ("", handle_file(str(prompts)), 2, "random-tiny", ["autoregressive"], 8, *SETTINGS[1:])
+    args = ("", handle_file(str(prompts)), 2, "random-tiny", ["autoregressive"], *SHORT)
     status, summary, *_ = client.predict(*args, api_name="/workload")
     assert status.startswith("Done: 4 decodes")  # 2 prompts × 2 repeats × 1 lane
     with pytest.raises(Exception, match="upload a prompt file first"):
-        client.predict("", None, 1, "random-tiny", ["autoregressive"], 8, *SETTINGS[1:], api_name="/workload")
+        client.predict("", None, 1, "random-tiny", ["autoregressive"], *SHORT, api_name="/workload")
 
 
 def test_prompt_file_is_bounded_and_parsed(tmp_path):
     lines = tmp_path / "p.txt"
     lines.write_text("first prompt\n\nsecond <b>prompt</b>\n", encoding="utf-8")
-    assert [p.text for p in ui.read_prompt_file(str(lines))] == ["first prompt", "second <b>prompt</b>"]
+    assert [p.text for p in measure_tab.read_uploaded_prompts(str(lines))] == ["first prompt", "second <b>prompt</b>"]
     jsonl = tmp_path / "p.jsonl"
     jsonl.write_text('{"prompt": "a"}\n{"prompt": "b\\nc", "temperature": 1.2}\n', encoding="utf-8")
-    parsed = ui.read_prompt_file(str(jsonl))
+    parsed = measure_tab.read_uploaded_prompts(str(jsonl))
     assert [p.text for p in parsed] == ["a", "b\nc"] and parsed[1].temperature == 1.2
     too_many = tmp_path / "many.txt"
-    too_many.write_text("x\n" * (ui.MAX_PROMPTS + 1), encoding="utf-8")
+    too_many.write_text("x\n" * (measure_tab.MAX_PROMPTS + 1), encoding="utf-8")
     with pytest.raises(gr.Error, match="limit is 200"):
-        ui.read_prompt_file(str(too_many))
+        measure_tab.read_uploaded_prompts(str(too_many))
     big = tmp_path / "big.txt"
-    big.write_bytes(b"x" * (ui.MAX_PROMPT_FILE_BYTES + 1))
+    big.write_bytes(b"x" * (measure_tab.MAX_PROMPT_FILE_BYTES + 1))
     with pytest.raises(gr.Error, match="kB"):
-        ui.read_prompt_file(str(big))
+        measure_tab.read_uploaded_prompts(str(big))
     binary = tmp_path / "bin.txt"
     binary.write_bytes(b"\xff\xfe\x00")
     with pytest.raises(gr.Error, match="UTF-8"):
-        ui.read_prompt_file(str(binary))
+        measure_tab.read_uploaded_prompts(str(binary))
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"prompt": "a"}\nnot json\n', encoding="utf-8")
     with pytest.raises(gr.Error, match="line 2"):
-        ui.read_prompt_file(str(broken))
+        measure_tab.read_uploaded_prompts(str(broken))
 
 
 def test_replay_steps_through_the_finished_traces(random_models):
     traces = {m: explorer.decode(m, random_models, PROMPT, max_new_tokens=8, steps=4, block_length=8) for m in LANES}
     current = {"traces": traces, "pieces": {m: str for m in LANES}}
-    html, at = ui.replay_step(current, 0.0)
+    html, at = playback.replay_step(current, 0.0)
     assert at > 0 and 'data-status="stopped"' in html  # a still frame: nothing runs, nothing says "running"
     assert 'data-status="running"' not in html
-    typed = ui.replay_at(current, 1e9)  # a time typed into the scrubber's box, beyond the end: clamped
+    typed = playback.replay_at(current, 1e9)  # a time typed into the scrubber's box, beyond the end: clamped
     assert typed.count('data-status="done"') == 3
-    html, back = ui.replay_step(current, at, backwards=True)
+    html, back = playback.replay_step(current, at, backwards=True)
     assert back < at
-    frames = list(ui.replay_play(current, 0.0, speed=1))
+    frames = list(playback.replay_play(current, 0.0, speed=1))
     assert frames[-1][0].count('data-status="done"') == 3
-    files = ui.export_traces(list(traces.values()))
+    files = measure_tab.export_traces(list(traces.values()))
     assert files[0].endswith(".csv") and files[1].endswith(".json")
 
 
 def test_greedy_note_points_at_the_first_difference(random_models):
     ar = explorer.decode("autoregressive", random_models, PROMPT, max_new_tokens=6)
     spec = explorer.decode("speculative", random_models, PROMPT, max_new_tokens=6)
-    assert "equals" in ui.greedy_note({"autoregressive": ar, "speculative": spec})
+    assert "equals" in handlers.greedy_note({"autoregressive": ar, "speculative": spec})
     spec.token_ids = spec.token_ids[:3] + [spec.token_ids[3] + 1] + spec.token_ids[4:]
-    assert "differ from token 4 on (float32: unexpected" in ui.greedy_note({"autoregressive": ar, "speculative": spec})
+    note = handlers.greedy_note({"autoregressive": ar, "speculative": spec})
+    assert "differ from token 4 on (float32: unexpected" in note
 
 
 def test_decode_alone_reports_progress_then_the_trace_and_stops_when_closed(random_models, monkeypatch):
-    monkeypatch.setattr(ui, "PROGRESS_INTERVAL_S", 0.0)
-    options = ui.Settings(max_new_tokens=16).options("speculative")
-    items = list(ui.decode_alone("speculative", random_models, PROMPT, options))
+    monkeypatch.setattr(playback, "PROGRESS_INTERVAL_S", 0.0)
+    options = lane_settings.Settings(max_new_tokens=16).options("speculative")
+    items = list(playback.decode_alone("speculative", random_models, PROMPT, options))
     assert items[-1][2] is not None and all(trace is None for _, _, trace in items[:-1])
     assert items[-1][2].token_ids == explorer.decode("speculative", random_models, PROMPT, **options).token_ids
-    gen = ui.decode_alone("autoregressive", random_models, PROMPT, ui.Settings(max_new_tokens=256).options("x"))
+    options = lane_settings.Settings(max_new_tokens=256).options("x")
+    gen = playback.decode_alone("autoregressive", random_models, PROMPT, options)
     events, clock, trace = next(gen)
     assert trace is None  # a progress item while the decoder runs
     gen.close()  # what Stop does
@@ -156,11 +163,11 @@ def test_decode_alone_reports_progress_then_the_trace_and_stops_when_closed(rand
 
 def test_run_plays_every_lane_together_with_live_plots(random_models, monkeypatch):
     """Phase 1 shows only progress; in phase 2 the lanes move on one clock and the live plots with them."""
-    monkeypatch.setattr(ui, "FRAME_INTERVAL_S", 0.0)
-    monkeypatch.setattr(ui, "AUTO_PLAY_S", 3.0)
-    settings = ui.Settings(max_new_tokens=16)
-    outs = list(ui.run_lanes(PROMPT, "random-tiny", LANES, settings, 0.0, []))
-    frame_i = ui.RUN_OUTPUTS.index("frame")
+    monkeypatch.setattr(playback, "FRAME_INTERVAL_S", 0.0)
+    monkeypatch.setattr(playback, "AUTO_PLAY_S", 3.0)
+    settings = lane_settings.Settings(max_new_tokens=16)
+    outs = list(handlers.run_lanes(PROMPT, "random-tiny", LANES, settings, 0.0, []))
+    frame_i = handlers.RUN_OUTPUTS.index("frame")
     frames = [o[frame_i] for o in outs]
     phase1 = [f for f in frames if 'class="decoding"' in f]
     assert phase1 and all(set(re.findall(r'data-tokens="(\d+)"', f)) == {"0"} for f in phase1)  # progress only
@@ -174,38 +181,38 @@ def test_run_plays_every_lane_together_with_live_plots(random_models, monkeypatc
 
 def test_every_max_new_tokens_value_is_valid_with_the_defaults():
     """K and the block length follow N: every slider position (8..256 step 8) validates for every lane."""
-    models = ui.load_preset("tiny")
+    models = lane_settings.load_preset("tiny")
     for n in range(8, 257, 8):
-        settings = ui.Settings(max_new_tokens=n)
-        assert ui._check_inputs(models, ui.EXAMPLES[0][0], list(LANES), settings) == list(LANES)
-        for per_step in ui.TOKENS_PER_STEP:
-            for blocks in ui.BLOCKS:
-                cfg = ui.make_config("diffusion", models, ui.Settings(n, tokens_per_step=per_step,
+        settings = lane_settings.Settings(max_new_tokens=n)
+        assert lane_settings.check_inputs(models, page.EXAMPLES[0][0], list(LANES), settings) == list(LANES)
+        for per_step in lane_settings.TOKENS_PER_STEP:
+            for blocks in lane_settings.BLOCKS:
+                cfg = make_config("diffusion", models, lane_settings.Settings(n, tokens_per_step=per_step,
                                                                      blocks=blocks).options("diffusion"))
                 assert cfg.diffusion_steps <= n
 
 
 def test_settings_map_to_decode_options():
-    s = ui.Settings(max_new_tokens=32, top_p=1.0, threshold=0.0, tokens_per_step=4, blocks=2)
+    s = lane_settings.Settings(max_new_tokens=32, top_p=1.0, threshold=0.0, tokens_per_step=4, blocks=2)
     assert s.options("autoregressive") == {"max_new_tokens": 32, "temperature": 0.0, "top_p": None, "seed": 0,
-                                           **{f: f in s.flags for f in ui.FLAG_FIELDS}}
+                                           **{f: f in s.flags for f in lane_settings.FLAG_FIELDS}}
     diffusion = s.options("diffusion", seed_offset=2)
     assert (diffusion["steps"], diffusion["block_length"]) == (8, 16)
     assert diffusion["threshold"] is None and diffusion["seed"] == 2
     assert s.options("speculative")["drafter"] == "model"
-    assert ui.Settings.from_values([getattr(s, n) for n in ui.SETTING_NAMES]) == s
+    assert lane_settings.Settings.from_values([getattr(s, n) for n in lane_settings.SETTING_NAMES]) == s
 
 
 def test_stop_and_errors_leave_every_lane_in_a_final_state(random_models, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(ui, "AUTO_PLAY_S", 0.1)
+    monkeypatch.setattr(playback, "AUTO_PLAY_S", 0.1)
     monkeypatch.setattr(explorer, "stream", lambda method, *a, **k: broken() if method == "diffusion"
                         else _real_stream(method, *a, **k))
     outs = []
     with pytest.raises(gr.Error, match="boom"):
-        for out in ui.run_lanes(PROMPT, "random-tiny", LANES, ui.Settings(max_new_tokens=8), 0.0, []):
+        for out in handlers.run_lanes(PROMPT, "random-tiny", LANES, lane_settings.Settings(max_new_tokens=8), 0.0, []):
             outs.append(out)
     last = outs[-1][0]
     assert 'data-lane="diffusion"' in last and 'data-status="error"' in last.split('data-lane="diffusion"')[1][:80]
@@ -216,7 +223,7 @@ _real_stream = explorer.stream
 
 
 def test_audit_tab_gives_the_same_report_as_the_api_and_cli(client, random_models):
-    from explorer.audit import report_lines, run_audit
+    from explorer.measure.audit import report_lines, run_audit
 
     text = client.predict("abc", "random-tiny", 1.0, 2, 3, api_name="/audit")
     direct = run_audit(random_models, "abc", temperature=1.0, top_k=2, gamma=3, max_samples=ui.AUDIT_MAX_SAMPLES)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from explorer.loadtest import start_app
+from explorer.measure.loadtest import start_app
 
 CHROMIUM = "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parent.parent

@@ -62,7 +62,7 @@ def build_draft(target, kept_ids: torch.Tensor, layers: int):
     """The target's first ``layers`` layers, its final norm and its head rows for the kept tokens."""
     import copy
 
-    from explorer.trimmed_draft import TrimmedHeadDraft
+    from explorer.families.trimmed_draft import TrimmedHeadDraft
 
     config = copy.deepcopy(target.config)
     config.num_hidden_layers = layers

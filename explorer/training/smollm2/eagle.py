@@ -158,7 +158,7 @@ def heldout_pairs(work: Path, target, tok) -> list[tuple[dict, torch.Tensor]]:
 
 def train_eagle(work: Path, budget_min: float, keep_vocab: int = 16384, depths: int = 3, batch: int = 8,
                 lr: float = 5e-4, seed: int = 0, eval_every_s: float = 600.0, min_rows: int = 64) -> dict:
-    from explorer.eagle import build_eagle_head
+    from explorer.families.eagle import build_eagle_head
 
     budget = budget_seconds(budget_min)
     if not 1 <= depths <= 8:

@@ -21,8 +21,8 @@ def export(work: Path, out: Path | None = None) -> dict:
     from peft import get_peft_model_state_dict, set_peft_model_state_dict
     from safetensors.torch import save_file
 
-    from explorer.eagle import build_eagle_head, save_eagle_head
-    from explorer.trimmed_draft import save_trimmed_draft
+    from explorer.families.eagle import build_eagle_head, save_eagle_head
+    from explorer.families.trimmed_draft import save_trimmed_draft
 
     out = (out or ASSET_DIR).expanduser()
     target, tok = load_target(work)

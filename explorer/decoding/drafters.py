@@ -1,37 +1,63 @@
-"""Four drafters behind one small interface.
+"""The drafters behind one small interface, the ``Drafter`` protocol that ``make_drafter`` returns.
 
-``propose(tokens, gamma, cfg, generator)`` returns the drafted tokens, the distributions q
-they were drawn from (one row each, (g, V)), the draft forward time and pass count.
-``rollback(keep)`` tells the drafter that only ``tokens[:keep]`` survived verification.
+Here: a small model or the target's first layers (``ModelDrafter``), prompt lookup, the diffusion
+model; in their own modules: EAGLE's feature drafter (eagle.py) and Gemma's assistant (gemma.py).
 A deterministic drafter (prompt lookup) returns one-hot rows: exactness still holds.
-A drafter may report its passes one by one in ``stages`` (the diffusion drafter's refinement).
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
 from transformers import DynamicCache
 
-from explorer.config import DRAFTERS, DecodeConfig
-from explorer.diffusion import denoise, resolve_cache, reveal_schedule, takes_kv_cache
-from explorer.eagle import is_eagle, make_feature_drafter
+from explorer.decoding.config import DRAFTERS, DecodeConfig
+from explorer.decoding.diffusion import denoise, resolve_cache, reveal_schedule, takes_kv_cache
+from explorer.decoding.sampling import sample, warp_logits
 from explorer.errors import ExplorerError
-from explorer.gemma import is_assistant, make_assistant_drafter
+from explorer.families.eagle import is_eagle, make_feature_drafter
+from explorer.families.gemma import is_assistant, make_assistant_drafter
 from explorer.models import Models, check_same_vocabulary, timed_forward
-from explorer.sampling import sample, warp_logits
 
 
 @dataclass
 class Draft:
-    tokens: list[int]
-    q: torch.Tensor | None  # (g, V) float32; None when nothing was drafted
-    forward_s: float = 0.0
-    passes: int = 0
-    stages: list[tuple[tuple[int, ...], tuple[float, ...], float]] = field(default_factory=list)  # per pass
+    """One proposal: g drafted tokens and, row by row, the distribution each was drawn from."""
+
+    tokens: list[int]  # (g,), g <= gamma: fewer after an EOS, or none when there is nothing to propose
+    q: torch.Tensor | None  # (g, V) float32, q[i] the warped distribution tokens[i] was drawn from; None when g = 0
+    forward_s: float = 0.0  # synchronized wall time of the draft forward passes
+    passes: int = 0  # draft forward passes made
+    # A refining drafter may report its passes one by one: (tokens shown, their q, seconds) per pass.
+    stages: list[tuple[tuple[int, ...], tuple[float, ...], float]] = field(default_factory=list)
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """What speculative decoding needs from a drafter (as transformers' ``CandidateGenerator``).
+
+    Exactness rests on one rule: ``Draft.q[i]`` is exactly the distribution ``Draft.tokens[i]``
+    was drawn from, given the tokens before it, warped with ``cfg`` as the target's p is.
+    """
+
+    name: str  # shown in Proposal events
+
+    def propose(self, tokens: list[int], gamma: int, cfg: DecodeConfig, gen: torch.Generator) -> Draft:
+        """``tokens``: the whole sequence so far (prompt + output, length T); draw up to ``gamma`` more with ``gen``."""
+        ...
+
+    def rollback(self, keep: int) -> None:
+        """Only ``tokens[:keep]`` survived verification: drop any state (a KV cache) past position ``keep``."""
+        ...
+
+    @property
+    def cache_len(self) -> int | None:
+        """Positions in the drafter's KV cache (shown in Verification events); None without one."""
+        ...
 
 
 @dataclass
@@ -230,7 +256,8 @@ def available_drafters(models: Models) -> list[str]:
     return [d for d in DRAFTERS if usable.get(d, True)]
 
 
-def make_drafter(models: Models, cfg: DecodeConfig):
+def make_drafter(models: Models, cfg: DecodeConfig) -> Drafter:
+    """The drafter ``cfg.drafter`` names, built on ``models``; ExplorerError when the preset cannot run it."""
     eos = models.tokenizer.eos_token_id
     if cfg.drafter == "assistant" and is_eagle(models.assistant):
         return make_feature_drafter(models)

@@ -1,6 +1,6 @@
 """Benchmark figures (plotly) and the self-contained HTML report.
 
-Figure functions take the DataFrames ``explorer.bench`` produces and return a
+Figure functions take the DataFrames ``explorer.measure.bench`` produces and return a
 ``go.Figure``; nothing here runs a model, so the UI can reuse them on saved results.
 """
 
@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 import plotly.offline
 from plotly.subplots import make_subplots
 
-from explorer.metrics import PERCENTILES, percentile
+from explorer.measure.metrics import PERCENTILES, percentile
 
 MS = 1000.0
 COLORS = {"autoregressive": "#4c78a8", "speculative": "#f58518", "diffusion": "#54a24b",

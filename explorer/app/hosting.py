@@ -19,9 +19,20 @@ from pathlib import Path
 
 from explorer.errors import ExplorerError
 
-ROOT = Path(__file__).resolve().parent.parent
+try:  # Hugging Face ZeroGPU: ask for a GPU while a decoding handler runs, for as long as its preset needs
+    import spaces
+
+    def gpu(duration):
+        return spaces.GPU(duration=duration)
+except ImportError:  # anywhere else a no-op
+
+    def gpu(duration):
+        return lambda fn: fn
+
+ROOT = Path(__file__).resolve().parents[2]
 # What a Space needs, relative to the repository root (tests, benchmarks, training data are left out).
-BUNDLE = ["app.py", "requirements.txt", "README.md", ".gitattributes", "explorer/*.py", "explorer/app_text/*.md",
+BUNDLE = ["app.py", "requirements.txt", "README.md", ".gitattributes", "explorer/*.py", "explorer/decoding/*.py",
+          "explorer/families/*.py", "explorer/app/*.py", "explorer/app/text/*.md", "explorer/measure/*.py",
           "assets/style.css",
           "assets/prompts/*", "assets/models/tiny/**", "assets/models/smollm2-135m/**",
           "docs/screenshot.png"]

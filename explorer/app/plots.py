@@ -13,8 +13,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from explorer.events import RefinementStep, Trace, Verification
-from explorer.metrics import inter_token_latencies, percentile, predicted_speedup, verification_frame
+from explorer.decoding.events import RefinementStep, Trace, Verification
+from explorer.measure.metrics import inter_token_latencies, percentile, predicted_speedup, verification_frame
 
 METHOD_COLOURS = {"autoregressive": "#6b7280", "speculative": "#16a34a", "diffusion": "#0891b2"}
 PERCENTILE_COLOURS = {50: "#60a5fa", 95: "#f59e0b", 99: "#dc2626"}
@@ -51,7 +51,7 @@ def setup_caption(traces: Iterable[Trace], names: Mapping[str, str] | None = Non
     return f"{line1}<br>{models}" if models else line1
 
 
-def _layout(fig: go.Figure, title: str, caption: str, **kwargs: object) -> go.Figure:
+def _style_figure(fig: go.Figure, title: str, caption: str, **kwargs: object) -> go.Figure:
     fig.update_layout(title={"text": title, "subtitle": {"text": caption, "font": {"size": 11}}, "x": 0.01},
                       template="plotly_white", height=HEIGHT, margin={"l": 60, "r": 20, "t": 90, "b": 95},
                       paper_bgcolor="white", legend={"orientation": "h", "y": -0.22, "yanchor": "top"}, **kwargs)
@@ -64,7 +64,7 @@ def _empty(title: str, caption: str, message: str) -> go.Figure:
                        font={"size": 13, "color": "#6b7280"})
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
-    return _layout(fig, title, caption)
+    return _style_figure(fig, title, caption)
 
 
 def _of(traces: Iterable[Trace], method: str) -> list[Trace]:
@@ -95,7 +95,7 @@ def running_acceptance_figure(traces: Sequence[Trace], names: Mapping[str, str] 
                         name=_run_label(i, trace), opacity=1.0 if i == len(spec) - 1 else 0.45)
     fig.update_yaxes(range=[0, 1.05], title="accepted / proposed", tickformat=".0%")
     fig.update_xaxes(title="verify step (one target pass each)")
-    return _layout(fig, title, caption)
+    return _style_figure(fig, title, caption)
 
 
 def _position_counts(traces: Sequence[Trace]) -> tuple[np.ndarray, np.ndarray]:
@@ -125,7 +125,7 @@ def position_acceptance_figure(traces: Sequence[Trace], names: Mapping[str, str]
                            hovertemplate="position %{x}<br>accepted %{y:.0%} (%{text})<extra></extra>"))
     fig.update_yaxes(range=[0, 1.15], title="accepted / checked", tickformat=".0%")
     fig.update_xaxes(title="draft position (position 1 estimates Leviathan's α)", dtick=1)
-    return _layout(fig, title, caption)
+    return _style_figure(fig, title, caption)
 
 
 def accepted_histogram_figure(traces: Sequence[Trace], names: Mapping[str, str] | None = None) -> go.Figure:
@@ -140,7 +140,7 @@ def accepted_histogram_figure(traces: Sequence[Trace], names: Mapping[str, str] 
                            hovertemplate="%{x} accepted: %{y} steps<extra></extra>"))
     fig.update_xaxes(title="drafts accepted in the step (tokens emitted = accepted + 1)", dtick=1)
     fig.update_yaxes(title="verify steps")
-    return _layout(fig, title, caption)
+    return _style_figure(fig, title, caption)
 
 
 def cost_ratio(trace: Trace) -> float:
@@ -188,7 +188,7 @@ def break_even_figure(spec: Trace | None, reference: Trace | None = None,
                         marker={"size": 13, "symbol": "star", "color": "#dc2626"})
     fig.update_xaxes(title="α = E[min(1, p/q)] (α̂: mean over verified drafts)", range=[0, 1])
     fig.update_yaxes(title="speedup over autoregressive", rangemode="tozero")
-    return _layout(fig, f"Break-even (γ = {gamma}, measured cost ratio c = {c:.2f})", caption)
+    return _style_figure(fig, f"Break-even (γ = {gamma}, measured cost ratio c = {c:.2f})", caption)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -228,7 +228,7 @@ def latency_percentiles_figure(traces: Sequence[Trace], names: Mapping[str, str]
         fig.update_xaxes(title_text=metric, row=1, col=col)
     fig.update_layout(barmode="group")
     fig.update_yaxes(title_text="ms", row=1, col=1)
-    return _layout(fig, title, caption)
+    return _style_figure(fig, title, caption)
 
 
 def latency_cdf_figure(traces: Sequence[Trace], names: Mapping[str, str] | None = None) -> go.Figure:
@@ -248,7 +248,7 @@ def latency_cdf_figure(traces: Sequence[Trace], names: Mapping[str, str] | None 
                             name=method, legendgroup=method, showlegend=col == 1, row=1, col=col)
         fig.update_xaxes(title_text=f"{metric} (ms)", row=1, col=col)
     fig.update_yaxes(title_text="fraction ≤ x", range=[0, 1.02], row=1, col=1)
-    return _layout(fig, title, caption)
+    return _style_figure(fig, title, caption)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -272,7 +272,7 @@ def diffusion_reveals_figure(traces: Sequence[Trace], names: Mapping[str, str] |
     fig.update_xaxes(title="refinement step (one denoiser pass each)")
     fig.update_yaxes(title_text="tokens revealed", secondary_y=False)
     fig.update_yaxes(title_text="masks left", rangemode="tozero", secondary_y=True)
-    return _layout(fig, title, caption)
+    return _style_figure(fig, title, caption)
 
 
 FIGURE_KEYS = ("running_acceptance", "position_acceptance", "accepted_histogram", "break_even",

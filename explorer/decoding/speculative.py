@@ -11,16 +11,16 @@ the target's argmax".
 from __future__ import annotations
 
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 
 import torch
 from transformers import DynamicCache
 
-from explorer.config import DecodeConfig
-from explorer.drafters import crop_cache, make_drafter
-from explorer.events import DraftCheck, Event, Proposal, Verification
+from explorer.decoding.config import DecodeConfig
+from explorer.decoding.drafters import Draft, crop_cache, make_drafter
+from explorer.decoding.events import DecodeResult, DraftCheck, Event, Proposal, Verification
+from explorer.decoding.sampling import make_generator, sample, uniform, warp_logits
 from explorer.models import Models, timed_forward
-from explorer.sampling import make_generator, sample, uniform, warp_logits
 
 MAX_ADAPTIVE_GAMMA = 16
 
@@ -41,18 +41,20 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 def verify_drafts(p: torch.Tensor, q: torch.Tensor | None, drafted: list[int],
                   gen: torch.Generator) -> tuple[int, list[DraftCheck], int, bool]:
-    """p: (g+1, V) target distributions, q: (g, V) draft distributions.
+    """p: (g+1, V) target distributions, q: (g, V) draft distributions (None when g = 0).
 
-    Returns (accepted count, checks, next token, whether the next token is a bonus).
+    Returns (accepted count, checks, the target-drawn token, whether that token is a bonus).
     """
     checks = []
     for i, token in enumerate(drafted):
+        # Accept draft x_i with probability min(1, p_i(x_i) / q_i(x_i)) ...
         p_x, q_x = float(p[i, token]), float(q[i, token])
         ratio = acceptance_probability(p_x, q_x)
         accepted = ratio >= 1.0 or (ratio > 0.0 and uniform(gen) < ratio)
-        checks.append(DraftCheck(i, token, p_x, q_x, ratio, accepted))
-        if not accepted:
+        checks.append(DraftCheck(position=i, token=token, p=p_x, q=q_x, accept_prob=ratio, accepted=accepted))
+        if not accepted:  # ... on the first rejection draw the replacement from norm(max(0, p_i - q_i)) ...
             return i, checks, sample(residual_distribution(p[i], q[i]), gen), False
+    # ... and when all g were accepted draw a bonus token from p_g, the target's next distribution.
     return len(drafted), checks, sample(p[len(drafted)], gen), True
 
 
@@ -63,66 +65,73 @@ def next_gamma(gamma: int, all_accepted: bool, cfg: DecodeConfig) -> int:
     return min(MAX_ADAPTIVE_GAMMA, gamma + 2) if all_accepted else max(1, gamma - 1)
 
 
-def decode_speculative(models: Models, prompt_ids: list[int], cfg: DecodeConfig) -> Generator[Event, None, dict]:
-    """Yield a Proposal and a Verification per step; return the raw result (tokens, times, counters).
+def decode_speculative(models: Models, prompt_ids: list[int],
+                       cfg: DecodeConfig) -> Generator[Event, None, DecodeResult]:
+    """Yield a Proposal and a Verification per step; return the DecodeResult (tokens, times, counters).
 
     Invariant: after each step the target cache holds every token but the last; a step feeds
     [last, d1..dg] (the first step feeds the whole prompt too, so the prefill is its verify
     pass) and is cropped back to the accepted length afterwards.
     """
-    t0 = time.perf_counter()
+    result = DecodeResult(t0=time.perf_counter())
     gen = make_generator(cfg.seed)
     eos = models.tokenizer.eos_token_id
     drafter = make_drafter(models, cfg)
     device = models.device
     cache = DynamicCache()
     tokens = list(prompt_ids)
-    new: list[int] = []
-    times: list[float] = []
-    counters = {"target_passes": 0, "draft_passes": 0, "proposed": 0, "accepted": 0,
-                "target_forward_s": 0.0, "draft_forward_s": 0.0}
     per_position = [[0, 0] for _ in range(max(cfg.gamma, MAX_ADAPTIVE_GAMMA))]  # [accepted, proposed] by draft position
     gamma, step = cfg.gamma, 0
-    while len(new) < cfg.max_new_tokens:
-        remaining = cfg.max_new_tokens - len(new)
+    while len(result.tokens) < cfg.max_new_tokens:
+        # 1. draft: up to gamma tokens (never more than fit), each with the distribution q it was drawn from
+        remaining = cfg.max_new_tokens - len(result.tokens)
         draft = drafter.propose(tokens, min(gamma, remaining - 1), cfg, gen) if remaining > 1 else None
         drafted = draft.tokens if draft is not None else []
         if draft is not None:
-            counters["draft_passes"] += draft.passes
-            counters["draft_forward_s"] += draft.forward_s
-            q_drafted = tuple(float(draft.q[i, x]) for i, x in enumerate(drafted))
-            for shown, q_shown, dt in draft.stages[:-1]:  # a refining draft: one Proposal per pass
-                yield Proposal(time.perf_counter(), step, drafter.name, gamma, shown, q_shown, dt, 1)
-            last = draft.stages[-1][2] if draft.stages else draft.forward_s
-            yield Proposal(time.perf_counter(), step, drafter.name, gamma, tuple(drafted), q_drafted, last,
-                           1 if draft.stages else draft.passes)
+            yield from _proposals(draft, step, drafter.name, gamma)
+            result.draft_passes += draft.passes
+            result.draft_forward_s += draft.forward_s
+        # 2. verify: one target pass over the tokens it has not seen, the drafts included
         feed = tokens[cache.get_seq_length():] + drafted  # the whole prompt on the first step, then [last, drafts]
         logits, dt = timed_forward(models.target, torch.tensor([feed], device=device), cache, keep=len(drafted) + 1)
         p = warp_logits(logits[0], cfg.temperature, cfg.top_k, cfg.top_p)  # (g+1, V)
-        accepted, checks, extra, is_bonus = verify_drafts(p, draft.q if drafted else None, drafted, gen)
-        emitted = _cut(drafted[:accepted] + [extra], eos, remaining)
+        accepted, checks, drawn, is_bonus = verify_drafts(p, draft.q if drafted else None, drafted, gen)
+        # 3. keep the accepted drafts and the target-drawn token; roll both caches back to what was kept
+        emitted = _cut(drafted[:accepted] + [drawn], eos, remaining)
         keep = len(tokens) + accepted  # tokens before this step + accepted drafts
         crop_cache(cache, keep)
         drafter.rollback(keep)
         tokens += emitted
-        new += emitted
-        times += [time.perf_counter() - t0] * len(emitted)
-        counters["target_passes"] += 1
-        counters["target_forward_s"] += dt
-        counters["proposed"] += len(drafted)
-        counters["accepted"] += accepted
+        result.tokens += emitted
+        result.times += [time.perf_counter() - result.t0] * len(emitted)
+        result.target_passes += 1
+        result.target_forward_s += dt
+        result.proposed += len(drafted)
+        result.accepted += accepted
         for check in checks:
             per_position[check.position][0] += check.accepted
             per_position[check.position][1] += 1
         gamma = next_gamma(gamma, bool(drafted) and accepted == len(drafted), cfg)
-        yield Verification(time.perf_counter(), step, tuple(checks), accepted, None if is_bonus else extra,
-                           extra if is_bonus else None, tuple(emitted), dt, cache.get_seq_length(),
-                           drafter.cache_len, gamma)
+        yield Verification(t=time.perf_counter(), step=step, checks=tuple(checks), accepted=accepted,
+                           resampled=None if is_bonus else drawn, bonus=drawn if is_bonus else None,
+                           emitted=tuple(emitted), forward_s=dt, target_cache_len=cache.get_seq_length(),
+                           draft_cache_len=drafter.cache_len, next_gamma=gamma)
         step += 1
         if eos in emitted:
             break
-    counters["per_position"] = [[a, n] for a, n in per_position if n]
-    return {"t0": t0, "tokens": new, "times": times, **counters}
+    result.per_position = [(a, n) for a, n in per_position if n]
+    return result
+
+
+def _proposals(draft: Draft, step: int, drafter: str, gamma: int) -> Iterator[Proposal]:
+    """One Proposal per draft, or one per pass of a refining drafter (its ``stages``), the last the final draft."""
+    for shown, q_shown, dt in draft.stages[:-1]:
+        yield Proposal(t=time.perf_counter(), step=step, drafter=drafter, gamma=gamma, tokens=shown, q=q_shown,
+                       forward_s=dt, draft_passes=1)
+    q_drafted = tuple(float(draft.q[i, x]) for i, x in enumerate(draft.tokens))
+    yield Proposal(t=time.perf_counter(), step=step, drafter=drafter, gamma=gamma, tokens=tuple(draft.tokens),
+                   q=q_drafted, forward_s=draft.stages[-1][2] if draft.stages else draft.forward_s,
+                   draft_passes=1 if draft.stages else draft.passes)
 
 
 def _cut(emitted: list[int], eos: int | None, remaining: int) -> list[int]:

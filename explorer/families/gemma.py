@@ -26,11 +26,11 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from explorer.config import DecodeConfig
+from explorer.decoding.config import DecodeConfig
+from explorer.decoding.events import DecodeResult, Event, RefinementStep
+from explorer.decoding.sampling import sample, warp_logits
 from explorer.errors import ExplorerError
-from explorer.events import Event, RefinementStep
 from explorer.models import Models, synchronize
-from explorer.sampling import sample, warp_logits
 
 # Defaults of DiffusionGemmaGenerationConfig._get_default_generation_params (used when a checkpoint sets none).
 DIFFUSION_DEFAULTS = {"max_denoising_steps": 48, "entropy_bound": 0.1, "t_min": 0.4, "t_max": 0.8,
@@ -105,7 +105,7 @@ class AssistantDrafter:
     hooks: list = field(default_factory=list)
 
     def propose(self, tokens: list[int], gamma: int, cfg: DecodeConfig, gen: torch.Generator):
-        from explorer.drafters import Draft
+        from explorer.decoding.drafters import Draft
 
         # The hidden state of the position before the last token (the one that predicted it).
         outputs, index = self.captured, len(tokens) - 2 - self.fed_from
@@ -218,7 +218,8 @@ def accept_by_entropy(logits: torch.Tensor, bound: float) -> tuple[torch.Tensor,
     return torch.scatter(torch.zeros_like(keep), -1, order, keep), entropy
 
 
-def decode_diffusion_gemma(models: Models, prompt_ids: list[int], cfg: DecodeConfig) -> Generator[Event, None, dict]:
+def decode_diffusion_gemma(models: Models, prompt_ids: list[int],
+                           cfg: DecodeConfig) -> Generator[Event, None, DecodeResult]:
     """DiffusionGemma's generate, one RefinementStep per denoising step (batch 1).
 
     Per canvas: encode the uncached tokens into the KV cache; start from uniform random tokens; each
@@ -297,9 +298,11 @@ def decode_diffusion_gemma(models: Models, prompt_ids: list[int], cfg: DecodeCon
             conf = probs[0].gather(-1, argmax[0][:, None])[:, 0]
             for i in changed:
                 shown[i] = draft[i]
-            yield RefinementStep(now, step - 1, block, tuple(block * canvas_len + i for i in changed),
-                                 tuple(draft[i] for i in changed), tuple(float(conf[i]) for i in changed),
-                                 int((~accepted).sum()), dt)
+            yield RefinementStep(t=now, step=step - 1, block=block,
+                                 positions=tuple(block * canvas_len + i for i in changed),
+                                 tokens=tuple(draft[i] for i in changed),
+                                 confidences=tuple(float(conf[i]) for i in changed),
+                                 masks_left=int((~accepted).sum()), forward_s=dt)
             if done:
                 break
         now = time.perf_counter() - t0
@@ -311,13 +314,11 @@ def decode_diffusion_gemma(models: Models, prompt_ids: list[int], cfg: DecodeCon
             break
         mask = torch.nn.functional.pad(mask, (0, canvas_len), value=True)
         enc_pos, cur_len = dec_pos, cur_len + canvas_len
-    canvas_tokens = list(out)
     out = out[:cfg.max_new_tokens]
     if eos is not None and eos in out:
         out = out[: out.index(eos) + 1]
-    return {"t0": t0, "tokens": out, "times": revealed_t[:len(out)], "target_passes": passes, "draft_passes": 0,
-            "proposed": 0, "accepted": 0, "target_forward_s": forward_s, "draft_forward_s": 0.0,
-            "canvas": canvas_tokens}
+    return DecodeResult(t0=t0, tokens=out, times=revealed_t[:len(out)], target_passes=passes,
+                        target_forward_s=forward_s)
 
 
 # ----------------------------------------------------------------------------------------------

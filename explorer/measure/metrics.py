@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from explorer.events import Proposal, Trace, Verification
+from explorer.decoding.events import Proposal, Trace, Verification
 
 PERCENTILES = (50, 95, 99)
 

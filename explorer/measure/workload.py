@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from explorer.config import MAX_PROMPT_CHARS
+from explorer.decoding.config import MAX_PROMPT_CHARS
+from explorer.decoding.events import Trace
 from explorer.errors import ExplorerError
-from explorer.events import Trace
 from explorer.models import ASSETS, Models
 
 PROMPTS_DIR = ASSETS / "prompts"
@@ -65,7 +65,7 @@ def load_prompt_set(name_or_path: str, limit: int | None = None) -> PromptSet:
         raise ExplorerError(f"--limit must be >= 1 (got {limit})")
     path = PROMPTS_DIR / SHIPPED[name_or_path] if name_or_path in SHIPPED else Path(name_or_path)
     name = name_or_path if name_or_path in SHIPPED else path.stem
-    prompts = parse_prompts(read_prompt_file(path), str(path))
+    prompts = parse_prompts(read_prompt_text(path), str(path))
     notice = None
     cap = min(limit or MAX_PROMPTS, MAX_PROMPTS)
     if len(prompts) > MAX_PROMPTS and cap == MAX_PROMPTS:
@@ -73,7 +73,7 @@ def load_prompt_set(name_or_path: str, limit: int | None = None) -> PromptSet:
     return PromptSet(name, str(path), tuple(prompts[:cap]), notice)
 
 
-def read_prompt_file(path: Path) -> str:
+def read_prompt_text(path: Path) -> str:
     """The file's text, or one clear ExplorerError (missing, a folder, too big, binary, not UTF-8)."""
     if not path.exists():
         raise ExplorerError(f"prompt file {str(path)!r} not found; give a path or a shipped set: "

@@ -6,13 +6,13 @@ import time
 from collections.abc import Generator
 from typing import Any
 
-from explorer.autoregressive import decode_autoregressive
-from explorer.config import DecodeConfig, validate, validate_prompt
-from explorer.diffusion import decode_diffusion
+from explorer.decoding.autoregressive import decode_autoregressive
+from explorer.decoding.config import DecodeConfig, validate, validate_prompt
+from explorer.decoding.diffusion import decode_diffusion
+from explorer.decoding.events import DecodeResult, Event, Trace
+from explorer.decoding.speculative import decode_speculative
 from explorer.errors import ExplorerError
-from explorer.events import Event, Trace
 from explorer.models import Models
-from explorer.speculative import decode_speculative
 
 DECODERS = {"autoregressive": decode_autoregressive, "speculative": decode_speculative,
             "diffusion": decode_diffusion}
@@ -46,9 +46,7 @@ def make_config(method: str, models: Models, options: dict[str, Any]) -> DecodeC
 
 def stream(method: str, models: Models, prompt: str, **options: Any) -> Generator[Event, None, Trace]:
     """Yield every event of one decode as it happens; the generator returns the Trace."""
-    if method not in DECODERS:
-        raise ExplorerError(f"unknown method {method!r}; choose one of {', '.join(DECODERS)}")
-    cfg = make_config(method, models, options)
+    cfg = make_config(method, models, options)  # validates the method and every option
     prompt = validate_prompt(prompt)
     tokenizer = models.diffusion_tokenizer if method == "diffusion" else models.tokenizer
     prompt_ids, prompt_format = encode_prompt(tokenizer, prompt, models.preset.chat)
@@ -57,8 +55,8 @@ def stream(method: str, models: Models, prompt: str, **options: Any) -> Generato
     model = models.diffusion if method == "diffusion" else models.target
     context = models.context_length if model is None else int(
         getattr(model.config, "max_position_embeddings", None) or models.context_length)
-    extra = cfg.gamma + 1 if method == "speculative" else 0
-    if len(prompt_ids) + cfg.max_new_tokens + extra > context:
+    headroom = cfg.gamma + 1 if method == "speculative" else 0  # a verify pass may run gamma + 1 past the output
+    if len(prompt_ids) + cfg.max_new_tokens + headroom > context:
         raise ExplorerError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({cfg.max_new_tokens}) "
                             f"exceeds the model's context of {context} tokens")
     events: list[Event] = []
@@ -69,12 +67,12 @@ def stream(method: str, models: Models, prompt: str, **options: Any) -> Generato
             events.append(event)
             yield event
     except StopIteration as stop:
-        raw = stop.value
-    return build_trace(method, models, prompt, prompt_ids, prompt_format, cfg, events, raw)
+        result = stop.value
+    return build_trace(method, models, prompt, prompt_ids, prompt_format, cfg, events, result)
 
 
 def decode(method: str, models: Models, prompt: str, **options: Any) -> Trace:
-    """Run one decode to completion (see DESIGN.md for the options) and return its Trace."""
+    """Run one decode to completion and return its Trace (options: config.DecodeConfig, config.OPTION_HELP)."""
     gen = stream(method, models, prompt, **options)
     try:
         while True:
@@ -84,11 +82,12 @@ def decode(method: str, models: Models, prompt: str, **options: Any) -> Trace:
 
 
 def build_trace(method: str, models: Models, prompt: str, prompt_ids: list[int], prompt_format: str,
-                cfg: DecodeConfig, events: list[Event], raw: dict[str, Any]) -> Trace:
-    wall = time.perf_counter() - raw["t0"]
-    tokens = raw["tokens"]
+                cfg: DecodeConfig, events: list[Event], result: DecodeResult) -> Trace:
+    """The decoder's DecodeResult and events -> the Trace every view and measurement reads."""
+    wall = time.perf_counter() - result.t0
+    tokens = result.tokens
     tokenizer = models.diffusion_tokenizer if method == "diffusion" else models.tokenizer
-    passes = raw["target_passes"]
+    passes = result.target_passes
     stats = {
         "method": method,
         "preset": models.preset.name,
@@ -99,32 +98,32 @@ def build_trace(method: str, models: Models, prompt: str, prompt_ids: list[int],
         "prompt_format": prompt_format,
         "new_tokens": len(tokens),
         "target_forward_passes": passes,
-        "draft_forward_passes": raw["draft_passes"],
-        "proposed": raw["proposed"],
-        "accepted": raw["accepted"],
-        "acceptance_rate": raw["accepted"] / raw["proposed"] if raw["proposed"] else None,
+        "draft_forward_passes": result.draft_passes,
+        "proposed": result.proposed,
+        "accepted": result.accepted,
+        "acceptance_rate": result.accepted / result.proposed if result.proposed else None,
         "tokens_per_target_pass": len(tokens) / passes if passes else None,
         "wall_s": wall,
-        "ttft_s": raw["times"][0] if raw["times"] else None,
-        "target_forward_s": raw["target_forward_s"],
-        "draft_forward_s": raw["draft_forward_s"],
+        "ttft_s": result.times[0] if result.times else None,
+        "target_forward_s": result.target_forward_s,
+        "draft_forward_s": result.draft_forward_s,
         "tokens_per_s": len(tokens) / wall if wall > 0 else None,
     }
     if method == "speculative":
         stats["drafter"] = cfg.drafter
         stats["gamma"] = cfg.gamma
-        stats["per_position_acceptance"] = [a / n for a, n in raw["per_position"]]
+        stats["per_position_acceptance"] = [a / n for a, n in result.per_position]
     if method == "speculative" and cfg.drafter == "diffusion":
         stats["draft_passes_per_proposal"] = cfg.draft_passes
     if method == "diffusion":  # steps is the budget K; with a threshold the passes made are fewer
+        fed = result.fed_tokens
         stats.update(steps=cfg.diffusion_steps, block_length=cfg.diffusion_block_length,
-                     remasking=cfg.remasking, threshold=cfg.threshold, denoiser_passes=passes,
-                     cache=raw.get("cache", "none"),
-                     fed_tokens_per_pass=raw["fed_tokens"] / passes if passes and "fed_tokens" in raw else None)
+                     remasking=cfg.remasking, threshold=cfg.threshold, denoiser_passes=passes, cache=result.cache,
+                     fed_tokens_per_pass=fed / passes if passes and fed is not None else None)
     if method == "diffusion" and models.diffusion_tokenizer is not models.tokenizer:
         stats["note"] = "the diffusion side uses a different model and tokenizer than the target"
     text = tokenizer.decode(tokens, skip_special_tokens=True)
     config = {"method": method, "preset": models.preset.name, **cfg.as_dict()}
     if method == "diffusion":
-        config["cache"] = raw.get("cache", "none")  # the cache used (the option may be None: the default)
-    return Trace(method, prompt, prompt_ids, tokens, text, stats, events, config, raw["t0"], raw["times"])
+        config["cache"] = result.cache  # the cache used (the option may be None: the default)
+    return Trace(method, prompt, prompt_ids, tokens, text, stats, events, config, result.t0, result.times)

@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 import psutil
 
 import explorer
+from explorer.decoding.config import METHODS
 from explorer.errors import ExplorerError
-from explorer.metrics import percentile
+from explorer.measure.metrics import percentile
 
-LANES = ["autoregressive", "speculative", "diffusion"]
-RESULT_INDEX = 2  # /run outputs: frame, run table, per-lane result (token ids), ...
+LANES = list(METHODS)
 
 
 @dataclass
@@ -64,13 +64,9 @@ def require_loopback(url: str) -> None:
 
 def start_app(preset: str) -> tuple[object, str]:
     """Build the app on ``preset`` and serve it on a free loopback port; returns (demo, url)."""
-    from explorer import ui
+    from explorer.app import ui
 
-    default, ui.DEFAULT_PRESET = ui.DEFAULT_PRESET, preset
-    try:
-        demo = ui.build_demo()
-    finally:
-        ui.DEFAULT_PRESET = default
+    demo = ui.build_demo(default_preset=preset)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -80,17 +76,19 @@ def start_app(preset: str) -> tuple[object, str]:
 
 def session_inputs(index: int, preset: str, max_new_tokens: int) -> tuple:
     """Each session: its own prompt and seed, sampled at temperature 0.8 so outputs differ by session.
-    The /run inputs: prompt, preset, lanes, then explorer.ui.Settings in field order, then the playback speed
+    The /run inputs: prompt, preset, lanes, then explorer.app.ui.Settings in field order, then the playback speed
     (real time here: the load test measures serving, not the animation)."""
-    from explorer.ui import FLAG_FIELDS
+    from explorer.app.lane_settings import FLAG_FIELDS, Settings
 
     prompt = f"def handler_{index}(request):\n"
-    return (prompt, preset, LANES, max_new_tokens, 0.8, 1.0, 1000 + index, "model", 4, False, 2, 1,
-            "low_confidence", 0.0, list(FLAG_FIELDS), 1.0)
+    settings = Settings(max_new_tokens=max_new_tokens, temperature=0.8, top_p=1.0, seed=1000 + index, drafter="model",
+                        gamma=4, adaptive_gamma=False, tokens_per_step=2, blocks=1, remasking="low_confidence",
+                        threshold=0.0, flags=FLAG_FIELDS)
+    return (prompt, preset, LANES, *settings.as_inputs(), 1.0)
 
 
 def expected_ids(models, inputs: tuple) -> dict[str, list[int]]:
-    from explorer.ui import Settings
+    from explorer.app.lane_settings import Settings
 
     prompt, _, lanes, *values, _speed = inputs
     settings = Settings.from_values(values)
@@ -100,6 +98,8 @@ def expected_ids(models, inputs: tuple) -> dict[str, list[int]]:
 def run_load(clients: int = 8, runs: int = 3, preset: str = "tiny", url: str | None = None,
              max_new_tokens: int = 16, soak: bool = False, rss_every: int = 10) -> LoadReport:
     from gradio_client import Client
+
+    from explorer.app.handlers import RUN_OUTPUTS
 
     demo = None
     if url is None:
@@ -119,7 +119,7 @@ def run_load(clients: int = 8, runs: int = 3, preset: str = "tiny", url: str | N
         for _ in range(runs):
             start = time.perf_counter()
             try:
-                result = client.predict(*inputs[i], api_name="/run")[RESULT_INDEX]
+                result = client.predict(*inputs[i], api_name="/run")[RUN_OUTPUTS.index("result")]
                 got = {m: result[m]["token_ids"] for m in LANES}
             except Exception as exc:  # noqa: BLE001 (every failure is counted and reported)
                 with lock:

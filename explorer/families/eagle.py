@@ -34,9 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from explorer.config import DecodeConfig
+from explorer.decoding.config import DecodeConfig
+from explorer.decoding.sampling import sample, warp_logits
 from explorer.errors import ExplorerError
-from explorer.sampling import sample, warp_logits
 
 
 class RMSNorm(nn.Module):
@@ -300,7 +300,7 @@ class FeatureDrafter:
     hooks: list = field(default_factory=list)
 
     def propose(self, tokens: list[int], gamma: int, cfg: DecodeConfig, gen: torch.Generator):
-        from explorer.drafters import Draft
+        from explorer.decoding.drafters import Draft
         from explorer.models import synchronize
 
         self._absorb(len(tokens) - 1)  # features of every position but the last token's

@@ -26,29 +26,36 @@ Samples one prompt many times with the autoregressive and the speculative decode
   with probability >= ``POWER``; otherwise INCONCLUSIVE with the sample count that would suffice.
   ``until_detectable`` raises the sample count to that number (up to ``max_samples``) before sampling,
   so the sample size never depends on the data.
+
+The exact distributions live in ``audit_exact``, the statistics in ``audit_stats``; this module plans,
+samples and judges.
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
-import torch
-from scipy import optimize
-from scipy import stats as sps
 
-from explorer.api import decode, encode_prompt, make_config
-from explorer.drafters import make_drafter
+from explorer.decoding.api import decode, make_config
+from explorer.measure.audit_exact import Exact, exact_distributions, first_step, joint_two
+from explorer.measure.audit_stats import (
+    MAX_SAMPLES,
+    POWER,
+    bootstrap_tv,
+    chi2_homogeneity,
+    detection_power,
+    gof_p_value,
+    min_detectable_tv,
+    permutation_null,
+    samples_needed,
+    total_variation,
+    tv,
+)
 from explorer.models import Models
-from explorer.sampling import make_generator
 
-POWER = 0.99  # a PASS means each known bug would have been caught 99 times in 100
 TV_FLOOR = 0.01  # a bug moving the compared outcomes by less than this is not required to be detectable
-ENUMERATE_MAX = 64  # enumerate the first token's outcomes (p or q support) up to this many
-MIN_EXPECTED = 5.0
-MAX_SAMPLES = 20_000
 MIN_SAMPLES = 50  # the automatic sample count never goes below this
 BUGS = {
     "no_residual": "after a rejection, resample from p instead of norm(max(0, p - q))",
@@ -101,260 +108,6 @@ def report_lines(result: AuditResult) -> list[str]:
     lines += [f"note: {note}" for note in result.notes]
     lines.append(result.verdict)
     return lines
-
-
-# ------------------------------------------------------------------------------ exact distributions
-
-def reference_warp(logits: np.ndarray, temperature: float, top_k: int | None = None,
-                   top_p: float | None = None) -> np.ndarray:
-    """softmax(logits / T) restricted to the top k, then to the smallest top-p set; T = 0: argmax one-hot."""
-    z = np.nan_to_num(np.asarray(logits, dtype=np.float64), nan=-np.inf)
-    if temperature == 0:
-        return np.eye(len(z))[int(np.argmax(z))]
-    z = z / temperature
-    if top_k is not None and top_k < len(z):
-        z = np.where(z >= np.sort(z)[-top_k], z, -np.inf)
-    probs = np.exp(z - z.max())
-    probs /= probs.sum()
-    if top_p is not None and top_p < 1:
-        order = np.argsort(-probs, kind="stable")
-        before = np.cumsum(probs[order]) - probs[order]  # mass of the tokens ranked above
-        keep = np.zeros(len(z), bool)
-        keep[order[before < top_p]] = True
-        probs = np.where(keep, probs, 0.0)
-        probs /= probs.sum()
-    return probs
-
-
-@dataclass
-class Exact:
-    p1: np.ndarray  # (V,) target, first new token
-    q1: np.ndarray  # (V,) warped draft, first draft position (zeros when the drafter proposed nothing)
-    q1_raw: np.ndarray  # (V,) draft before warping
-    first: np.ndarray | None  # (S,) token ids enumerated at position 1
-    p2: np.ndarray | None  # (S, V) target at position 2 after each enumerated first token
-    eos: int | None = None  # a first token equal to EOS ends the output: its row is one-hot on EOS
-    # A drafter that reads the target's hidden states drafts nothing before the prefill (the first
-    # token comes from p); it drafts position 2 from the prefill's features and the first token:
-    q2: np.ndarray | None = None  # (S, V) its warped distribution at position 2 after each first token
-    q2_raw: np.ndarray | None = None  # (S, V) the same before warping
-
-    @property
-    def drafts_second(self) -> bool:
-        return self.q2 is not None
-
-
-def exact_distributions(models: Models, prompt: str, cfg) -> Exact:
-    ids, _ = encode_prompt(models.tokenizer, prompt, models.preset.chat)
-
-    def target_rows(seqs: list[list[int]]) -> np.ndarray:
-        with torch.inference_mode():
-            logits = models.target(input_ids=torch.tensor(seqs, device=models.device)).logits[:, -1]
-        return np.stack([reference_warp(row, cfg.temperature, cfg.top_k, cfg.top_p)
-                         for row in logits.double().cpu().numpy()])
-
-    p1 = target_rows([ids])[0]
-    q1, q1_raw = np.zeros_like(p1), np.zeros_like(p1)
-    drafter = make_drafter(models, cfg)
-    if hasattr(drafter, "model"):  # a draft model (or the target's early exit): its own logits, warped here
-        with torch.inference_mode():
-            logits = drafter.model(input_ids=torch.tensor([ids], device=models.device)).logits[0, -1]
-        logits = logits.double().cpu().numpy()
-        q1[:], q1_raw[:] = reference_warp(logits, cfg.temperature, cfg.top_k, cfg.top_p), reference_warp(logits, 1.0)
-    elif not getattr(drafter, "drafts_after_prefill", False):  # prompt lookup: q is one-hot on its proposal
-        draft = drafter.propose(list(ids), 1, cfg, make_generator(0))
-        if draft.tokens:
-            q1[draft.tokens[0]] = q1_raw[draft.tokens[0]] = 1.0
-    support = np.flatnonzero((p1 > 0) | (q1 > 0))
-    if len(support) > ENUMERATE_MAX:
-        return Exact(p1, q1, q1_raw, None, None)
-    p2 = np.concatenate([target_rows([ids + [int(x)] for x in support[i:i + 16]])
-                         for i in range(0, len(support), 16)])
-    eos = models.tokenizer.eos_token_id
-    for i, x in enumerate(support):
-        if x == eos:
-            p2[i] = np.eye(len(p1))[eos]
-    exact = Exact(p1, q1, q1_raw, support, p2, eos)
-    if getattr(drafter, "drafts_after_prefill", False):
-        exact.q2, exact.q2_raw = second_step_drafts(models, ids, support, cfg, eos)
-    return exact
-
-
-def second_step_drafts(models: Models, ids: list[int], first: np.ndarray, cfg,
-                       eos: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """(S, V) warped and unwarped q at position 2 of a drafter that drafts after the prefill: for each first
-    token, a fresh drafter sees the prefill's hidden states (its own capture) and drafts one token."""
-    raw_cfg = replace(cfg, temperature=1.0, top_k=None, top_p=None)
-    out = {}
-    for name, c in (("warped", cfg), ("raw", raw_cfg)):
-        rows = []
-        for x in first:
-            drafter = make_drafter(models, c)
-            drafter.propose(list(ids), 1, c, make_generator(0))  # nothing to draft yet: arms the capture
-            with torch.inference_mode():
-                models.target(input_ids=torch.tensor([ids], device=models.device))  # the prefill
-            draft = drafter.propose(list(ids) + [int(x)], 1, c, make_generator(0))
-            empty = int(x) == eos or not draft.tokens  # an EOS ends the output: nothing is drafted after it
-            rows.append(np.zeros(len(draft.q[0]) if draft.tokens else models.target.config.vocab_size)
-                        if empty else draft.q[0].double().cpu().numpy())
-        out[name] = np.stack(rows)
-    return out["warped"], out["raw"]
-
-
-def _residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
-    r = np.clip(p - q, 0, None)
-    return r / r.sum() if r.sum() > 0 else p
-
-
-def _accept(p: np.ndarray, q_verify: np.ndarray) -> np.ndarray:
-    """min(1, p/q) per token; q = 0 accepts what p allows."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(q_verify > 0, np.minimum(1.0, p / q_verify), (p > 0).astype(float))
-
-
-def verified_step(p: np.ndarray, q: np.ndarray, q_raw: np.ndarray, bug: str | None) -> tuple[np.ndarray, np.ndarray]:
-    """(distribution of the token a step emits at a drafted position, probability of 'drafted x and it
-    was accepted' per x), under the rule or one of the known bugs."""
-    if not q.any():  # nothing drafted: the token is drawn from p
-        return p, np.zeros_like(p)
-    q_verify = q_raw if bug == "q_before_warping" else q
-    accepted = q * _accept(p, q_verify)
-    residual = p if bug == "no_residual" else _residual(p, q_verify)
-    return accepted + (1 - accepted.sum()) * residual, accepted
-
-
-def first_step(e: Exact, bug: str | None) -> tuple[np.ndarray, np.ndarray]:
-    """(distribution of the first emitted token, probability of 'drafted x and it was accepted' per x)."""
-    return verified_step(e.p1, e.q1, e.q1_raw, bug)
-
-
-def joint_two(e: Exact, bug: str | None) -> np.ndarray:
-    """(S, V) distribution of the first two tokens when the first step drafts exactly one token, or (a
-    drafter that drafts after the prefill) when the second step does."""
-    if e.drafts_second:
-        rows = [verified_step(e.p2[i], e.q2[i], e.q2_raw[i], bug)[0] for i in range(len(e.first))]
-        return e.p1[e.first][:, None] * np.stack(rows)
-    first, accepted = first_step(e, bug)
-    f, a = first[e.first], accepted[e.first]
-    if bug == "bonus_from_draft":
-        joint = a[:, None] * e.q1[None, :] + (f - a)[:, None] * e.p2
-        ends = e.first == e.eos  # an accepted EOS ends the output: no bonus
-        joint[ends] = f[ends, None] * e.p2[ends]
-        return joint
-    return f[:, None] * e.p2
-
-
-# ------------------------------------------------------------------------------ tests and power
-
-def cells(probs: np.ndarray, n: int) -> tuple[np.ndarray, int]:
-    """Cell id per outcome by the module's rule (-1: impossible outcome) and the number of cells."""
-    cell = np.full(probs.shape, -1, dtype=np.int64)
-    keep = probs * n >= MIN_EXPECTED
-    k = int(keep.sum())
-    cell[keep] = np.arange(k)
-    rest = (probs > 0) & ~keep
-    if rest.any():
-        if probs[rest].sum() * n >= MIN_EXPECTED or k == 0:
-            cell[rest], k = k, k + 1
-        else:
-            kept = np.flatnonzero(keep)
-            cell[rest] = cell[kept[np.argmin(probs[kept])]]
-    return cell, k
-
-
-def gof_p_value(probs: np.ndarray, outcomes: np.ndarray) -> tuple[float, int]:
-    """One-sample chi-square of observed outcome indices against exact probabilities."""
-    n = len(outcomes)
-    cell, k = cells(probs, n)
-    if (cell[outcomes] < 0).any():
-        return 0.0, k  # sampled something the target cannot produce
-    if k < 2:
-        return 1.0, k
-    observed = np.bincount(cell[outcomes], minlength=k)
-    expected = np.bincount(cell[cell >= 0], probs[cell >= 0], minlength=k) * n
-    return float(sps.chisquare(observed, expected).pvalue), k
-
-
-def detection_power(null: np.ndarray, alt: np.ndarray, n: int, alpha: float) -> float:
-    """Probability the goodness-of-fit test at level alpha rejects when samples come from ``alt``."""
-    cell, k = cells(null, n)
-    outside = float(alt[cell < 0].sum())
-    chi_power = 0.0
-    if k >= 2:
-        pc = np.bincount(cell[cell >= 0], null[cell >= 0], minlength=k)
-        rc = np.bincount(cell[cell >= 0], alt[cell >= 0], minlength=k)
-        lam = n * float(((rc - pc) ** 2 / pc).sum())
-        chi_power = float(sps.ncx2.sf(sps.chi2.isf(alpha, k - 1), k - 1, lam)) if lam > 0 else alpha
-    return 1 - (1 - chi_power) * (1 - outside) ** n
-
-
-def samples_needed(null: np.ndarray, alt: np.ndarray, alpha: float) -> int | None:
-    """Smallest n (to 5%) at which the test detects ``alt`` with probability POWER; None beyond MAX_SAMPLES."""
-    hi = 16
-    while detection_power(null, alt, hi, alpha) < POWER:
-        hi *= 2
-        if hi > 8 * MAX_SAMPLES:
-            return None
-    lo = hi // 2
-    while hi - lo > max(1, lo // 20):
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if detection_power(null, alt, mid, alpha) >= POWER else (mid, hi)
-    return hi
-
-
-def min_detectable_tv(null: np.ndarray, n: int, alpha: float) -> float:
-    """TV above which any alternative is detected with probability POWER (w = sqrt(lambda/n) >= 2 TV)."""
-    _, k = cells(null, n)
-    if k < 2:
-        return float("nan")
-    crit = sps.chi2.isf(alpha, k - 1)
-    lam = optimize.brentq(lambda x: sps.ncx2.sf(crit, k - 1, x) - POWER, 1e-9, 1e6)
-    return min(1.0, math.sqrt(lam / n) / 2)
-
-
-def tv(a: np.ndarray, b: np.ndarray) -> float:
-    return 0.5 * float(np.abs(a - b).sum())
-
-
-def total_variation(a: Counter, b: Counter) -> float:
-    na, nb = sum(a.values()), sum(b.values())
-    return 0.5 * sum(abs(a[k] / na - b[k] / nb) for k in set(a) | set(b))
-
-
-def chi2_homogeneity(a: Counter, b: Counter) -> float:
-    """Two-sample chi-square over well-filled cells (both samples together >= 10), the rest pooled."""
-    keys = sorted(set(a) | set(b), key=lambda k: -(a[k] + b[k]))
-    table = [[a[k], b[k]] for k in keys if a[k] + b[k] >= 2 * MIN_EXPECTED]
-    other = [sum(a[k] for k in keys if a[k] + b[k] < 2 * MIN_EXPECTED),
-             sum(b[k] for k in keys if a[k] + b[k] < 2 * MIN_EXPECTED)]
-    if sum(other) >= 2 * MIN_EXPECTED or (sum(other) and not table):
-        table.append(other)
-    elif sum(other):
-        table[-1] = [table[-1][0] + other[0], table[-1][1] + other[1]]  # the smallest kept cell
-    if len(table) < 2:
-        return 1.0
-    return float(sps.chi2_contingency(np.array(table)).pvalue)
-
-
-def bootstrap_tv(xs: list, ys: list, rounds: int = 300, seed: int = 0) -> tuple[float, float]:
-    """95% percentile-bootstrap interval of the plug-in TV (itself biased upward when outcomes are sparse)."""
-    rng = np.random.default_rng(seed)
-    xa, ya = _codes(xs, xs + ys), _codes(ys, xs + ys)
-    vals = [total_variation(Counter(xa[rng.integers(0, len(xa), len(xa))].tolist()),
-                            Counter(ya[rng.integers(0, len(ya), len(ya))].tolist())) for _ in range(rounds)]
-    lo, hi = np.percentile(vals, [2.5, 97.5])
-    return float(lo), float(hi)
-
-
-def permutation_null(xs: list, ys: list, rounds: int = 300, seed: int = 1) -> np.ndarray:
-    """TVs between random relabellings of the pooled samples: what identical distributions give."""
-    rng = np.random.default_rng(seed)
-    pooled = _codes(xs + ys, xs + ys)
-    out = []
-    for _ in range(rounds):
-        perm = rng.permutation(pooled)
-        out.append(total_variation(Counter(perm[:len(xs)].tolist()), Counter(perm[len(xs):].tolist())))
-    return np.array(out)
 
 
 # ------------------------------------------------------------------------------ the audit
@@ -532,9 +285,3 @@ def _judge(plan: _Plan, ar: list[tuple], spec: list[tuple], n: int, prefix_token
         min_detectable_tv=mdt, samples_needed=need, chi2_p_value=chi2_p, exact_first_p_value=exact_p["first token"],
         exact_joint_p_value=exact_p.get("first two tokens"), first_token_tv_exact_spec=tv(e.p1, spec_first),
         acceptance_rate=acceptance, notes=notes, **two_sample)
-
-
-def _codes(values: list, universe: list) -> np.ndarray:
-    """Outcomes (tuples of tokens) as integer codes, so numpy can resample them."""
-    index = {v: i for i, v in enumerate(dict.fromkeys(universe))}
-    return np.array([index[v] for v in values])

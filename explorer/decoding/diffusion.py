@@ -27,12 +27,12 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from explorer.config import DEFAULT_CACHE, DecodeConfig
+from explorer.decoding.config import DEFAULT_CACHE, DecodeConfig
+from explorer.decoding.events import DecodeResult, Event, RefinementStep
+from explorer.decoding.sampling import make_generator, sanitize_logits, warp_logits
 from explorer.errors import ExplorerError
-from explorer.events import Event, RefinementStep
-from explorer.gemma import decode_diffusion_gemma, is_diffusion_gemma
+from explorer.families.gemma import decode_diffusion_gemma, is_diffusion_gemma
 from explorer.models import Models, timed_forward
-from explorer.sampling import make_generator, sanitize_logits, warp_logits
 
 
 def reveal_schedule(masked: int, steps: int) -> list[int]:
@@ -95,12 +95,12 @@ def denoise(model: nn.Module, x: torch.Tensor, start: int, end: int, rows: list[
     ``cache``, which is cropped back afterwards unless ``fill``); logits (len(rows), V) of the
     absolute ``rows``."""
     rel = torch.tensor(rows, device=x.device) - start
-    extra = {}
+    positions = {}
     if cache is not None:
         cached = cache.get_seq_length()
-        extra["position_ids"] = torch.arange(start, end, device=x.device)[None]
+        positions["position_ids"] = torch.arange(start, end, device=x.device)[None]
     keep = rel if _takes(model, "logits_to_keep") else None
-    logits, dt = timed_forward(model, x[:, start:end], cache, keep=keep, **extra)
+    logits, dt = timed_forward(model, x[:, start:end], cache, keep=keep, **positions)
     if cache is not None and not fill:
         cache.crop(cached - cache.get_seq_length())  # drop the fed positions (a negative count)
     return (logits[0] if keep is not None else logits[0, rel]), dt, end - start
@@ -121,8 +121,8 @@ def fill_cache(model: nn.Module, x: torch.Tensor, start: int, end: int,
 
 
 def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig,
-                     refresh_every_step: bool = False) -> Generator[Event, None, dict]:
-    """Yield a RefinementStep per denoiser pass; return the raw result (tokens, times, counters).
+                     refresh_every_step: bool = False) -> Generator[Event, None, DecodeResult]:
+    """Yield a RefinementStep per denoiser pass; return the DecodeResult (tokens, times, counters).
 
     ``refresh_every_step`` (a check of the cached path): refill the cache before every step and
     still take that step's logits from the cached pass; the output then equals ``cache="none"``.
@@ -130,7 +130,7 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig,
     t0 = time.perf_counter()
     if models.diffusion is None:
         raise ExplorerError(f"preset {models.preset.name!r} has no diffusion model")
-    if is_diffusion_gemma(models.diffusion):  # block diffusion with its own sampler (explorer/gemma.py)
+    if is_diffusion_gemma(models.diffusion):  # block diffusion with its own sampler (explorer/families/gemma.py)
         return (yield from decode_diffusion_gemma(models, prompt_ids, cfg))
     mask_id = models.mask_token_id
     if mask_id is None:
@@ -174,9 +174,10 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig,
             for pos in positions:
                 revealed_t[pos] = now - t0
             passes, forward_s, s, step, fed_total = passes + 1, forward_s + dt, s + 1, step + 1, fed_total + fed
-            yield RefinementStep(now, step - 1, block, tuple(positions), tuple(int(tokens[i]) for i in chosen),
-                                 tuple(float(confidence[i]) for i in chosen),
-                                 int((x[0, p_len:] == mask_id).sum()), dt, fed)
+            yield RefinementStep(t=now, step=step - 1, block=block, positions=tuple(positions),
+                                 tokens=tuple(int(tokens[i]) for i in chosen),
+                                 confidences=tuple(float(confidence[i]) for i in chosen),
+                                 masks_left=int((x[0, p_len:] == mask_id).sum()), forward_s=dt, fed_tokens=fed)
     out = x[0, p_len:].tolist()
     if eos is not None and eos in out:
         out = out[: out.index(eos) + 1]
@@ -185,6 +186,5 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig,
     for pos in range(len(out)):
         latest = max(latest, revealed_t[pos])
         times.append(latest)
-    return {"t0": t0, "tokens": out, "times": times, "target_passes": passes, "draft_passes": 0, "proposed": 0,
-            "accepted": 0, "target_forward_s": forward_s, "draft_forward_s": 0.0, "canvas": x[0, p_len:].tolist(),
-            "cache": mode, "fed_tokens": fed_total}
+    return DecodeResult(t0=t0, tokens=out, times=times, target_passes=passes, target_forward_s=forward_s,
+                        cache=mode, fed_tokens=fed_total)

@@ -8,14 +8,15 @@ from collections.abc import Generator
 import torch
 from transformers import DynamicCache
 
-from explorer.config import DecodeConfig
-from explorer.events import Event, TokenStep
+from explorer.decoding.config import DecodeConfig
+from explorer.decoding.events import DecodeResult, Event, TokenStep
+from explorer.decoding.sampling import make_generator, sample, warp_logits
 from explorer.models import Models, timed_forward
-from explorer.sampling import make_generator, sample, warp_logits
 
 
-def decode_autoregressive(models: Models, prompt_ids: list[int], cfg: DecodeConfig) -> Generator[Event, None, dict]:
-    """Yield one TokenStep per new token (the first one's pass is the prefill); return the raw result."""
+def decode_autoregressive(models: Models, prompt_ids: list[int],
+                          cfg: DecodeConfig) -> Generator[Event, None, DecodeResult]:
+    """Yield one TokenStep per new token (the first one's pass is the prefill); return the DecodeResult."""
     t0 = time.perf_counter()
     gen = make_generator(cfg.seed)
     eos = models.tokenizer.eos_token_id
@@ -31,9 +32,8 @@ def decode_autoregressive(models: Models, prompt_ids: list[int], cfg: DecodeConf
         token = sample(probs, gen)
         tokens.append(token)
         times.append(time.perf_counter() - t0)
-        yield TokenStep(time.perf_counter(), step, token, float(probs[token]), dt)
+        yield TokenStep(t=time.perf_counter(), step=step, token=token, p=float(probs[token]), forward_s=dt)
         if token == eos:
             break
         ids = torch.tensor([[token]], device=models.device)
-    return {"t0": t0, "tokens": tokens, "times": times, "target_passes": len(tokens), "draft_passes": 0,
-            "proposed": 0, "accepted": 0, "target_forward_s": forward_s, "draft_forward_s": 0.0}
+    return DecodeResult(t0=t0, tokens=tokens, times=times, target_passes=len(tokens), target_forward_s=forward_s)

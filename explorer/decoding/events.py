@@ -15,16 +15,6 @@ from typing import Any
 
 
 @dataclass(frozen=True)
-class Prefill:
-    """A forward pass over the prompt (target or draft)."""
-
-    t: float
-    model: str  # "target" | "draft" | "diffusion"
-    prompt_tokens: int
-    forward_s: float
-
-
-@dataclass(frozen=True)
 class TokenStep:
     """Autoregressive baseline: one target pass, one token."""
 
@@ -69,8 +59,9 @@ class Verification:
     step: int
     checks: tuple[DraftCheck, ...]  # up to and including the first rejection
     accepted: int
-    resampled: int | None  # token drawn from norm(max(0, p - q)) after a rejection
-    bonus: int | None  # token drawn from the target's last distribution when all were accepted
+    # The step's one target-drawn token is exactly one of these two (the other is None):
+    resampled: int | None  # drawn from norm(max(0, p - q)) after a rejection
+    bonus: int | None  # drawn from the target's last distribution when every draft was accepted
     emitted: tuple[int, ...]  # tokens appended to the output by this step (after EOS / length cuts)
     forward_s: float
     target_cache_len: int  # target KV cache length after the rollback
@@ -93,7 +84,29 @@ class RefinementStep:
     fed_tokens: int = 0  # positions this pass ran through the model (fewer with a KV cache)
 
 
-Event = Prefill | TokenStep | Proposal | Verification | RefinementStep
+Event = TokenStep | Proposal | Verification | RefinementStep
+
+
+@dataclass
+class DecodeResult:
+    """What a decoder generator returns once it is exhausted; ``api.build_trace`` turns it into a Trace.
+
+    The counters start at zero so a decoder can fill them in as it goes. ``times[i]`` is the
+    offset from ``t0`` at which ``tokens[i]`` became final (and could be streamed).
+    """
+
+    t0: float  # time.perf_counter() at the start of decoding
+    tokens: list[int] = field(default_factory=list)  # new tokens only, cut after an EOS
+    times: list[float] = field(default_factory=list)  # one per token, seconds after t0
+    target_passes: int = 0  # target (or denoiser) forward passes, the prefill included
+    draft_passes: int = 0
+    proposed: int = 0  # drafted tokens offered to verification
+    accepted: int = 0
+    target_forward_s: float = 0.0  # synchronized wall time inside the target's forward passes
+    draft_forward_s: float = 0.0
+    per_position: list[tuple[int, int]] = field(default_factory=list)  # speculative: (accepted, proposed) by position
+    cache: str = "none"  # diffusion: the KV cache mode actually used
+    fed_tokens: int | None = None  # diffusion: positions run through the denoiser over all passes
 
 
 @dataclass

@@ -52,6 +52,27 @@ class DecodeConfig:
         return self.block_length if self.block_length is not None else self.max_new_tokens
 
 
+# One sentence per option: the CLI's --help, the bench's flags and docs/design.md read these.
+OPTION_HELP = {
+    "max_new_tokens": "tokens to generate (N)",
+    "temperature": "0 = greedy; target and draft are warped alike by temperature, top-k, top-p",
+    "top_k": "sample among the k most likely tokens only (default: off)",
+    "top_p": "sample among the smallest set of tokens whose probability reaches top_p, in (0, 1] (default: off)",
+    "seed": "seed of the one sampling generator a decode uses",
+    "gamma": "speculative: tokens drafted per step, 1..64 (default: the preset's)",
+    "drafter": f"speculative: {', '.join(DRAFTERS)} (default: the preset's)",
+    "adaptive_gamma": "speculative: gamma +2 after a full acceptance, -1 after a rejection (up to 16)",
+    "max_ngram": "prompt_lookup drafter: the longest n-gram it matches",
+    "early_exit_layers": "early_exit drafter: target layers it runs (default: the preset's, else a third)",
+    "draft_passes": "diffusion drafter: denoiser passes per draft",
+    "steps": "diffusion: denoiser passes K, a multiple of the number of blocks, <= N (default: N)",
+    "block_length": "diffusion: block length, divides N; blocks are filled left to right (default: N)",
+    "remasking": f"diffusion: which predictions a pass keeps: {', '.join(REMASKING)}",
+    "threshold": "diffusion: also reveal every position above this confidence, in (0, 1] (Fast-dLLM; default: off)",
+    "cache": f"diffusion KV cache: {', '.join(CACHES)} (default: {DEFAULT_CACHE!r} where the model takes one)",
+}
+
+
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 

@@ -1,0 +1,202 @@
+"""The Run button's handler and what it shows besides the lanes: the run table, the acceptance and greedy
+notes, the "why" text. Handlers are plain functions taking one Settings object, so tests call them directly."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import gradio as gr
+import numpy as np
+import pandas as pd
+
+from explorer.app import hosting, plots, render
+from explorer.app.hosting import gpu
+from explorer.app.lane_settings import Settings, check_inputs, describe_models, lane_tokenizer, load_preset
+from explorer.app.page import read_text
+from explorer.app.playback import decode_alone, frame_html, lane_view, playback_times, replay_frame, speed_words
+from explorer.decoding.events import TokenStep, Trace, Verification
+from explorer.models import Models
+
+HISTORY_LIMIT = 5000  # traces kept per session (the measure tab says so; export writes all of them)
+LANE_GAP_S = 0.05  # pause before each decode so the previous frame leaves before the decoder starts
+
+
+# ----------------------------------------------------------------------------------------------
+# handlers
+
+RUN_OUTPUTS = ("frame", "run_table", "result", "model_info", *plots.FIGURE_KEYS, "plots_note", "acceptance_note",
+               "why", "history", "current", "scrubber")
+
+
+def _out(**values: Any) -> tuple:
+    """A /run output tuple: the named values, gr.skip() for the rest."""
+    return tuple(values.get(name, gr.skip()) for name in RUN_OUTPUTS)
+
+
+@gpu(hosting.run_duration)
+def run_lanes(prompt: str, preset: str, lanes: list[str], settings: Settings, speed: float,
+              history: list[Trace] | None) -> Iterator[tuple]:
+    """Decode every lane alone, then play them together on one clock with live plots; end with tables."""
+    models = load_preset(preset)
+    methods = check_inputs(models, prompt, lanes, settings)
+    options = {m: settings.options(m) for m in methods}
+    pieces = {m: render.token_piece(lane_tokenizer(models, m)) for m in methods}
+    views = {m: lane_view(m, prompt, pieces[m], options[m], "waiting", note="waits its turn: each lane is timed "
+                           "alone") for m in methods}
+    stale = ("**The plots below are from the previous run** until this run ends; the mini-plots under the lanes "
+             "follow this run live." if history else "The mini-plots under the lanes follow the run live; the plots "
+             "below fill in when it ends.")
+    done: dict[str, Trace] = {}
+    errors: dict[str, str] = {}
+    for i, method in enumerate(methods):  # phase 1: decode each lane alone
+        caption = f"Decoding lane {i + 1} of {len(methods)} alone (timed); then all lanes play together."
+        views[method] = lane_view(method, prompt, pieces[method], options[method], "running", progress=0.0,
+                                   note="decoding alone (timed) …")
+        yield _out(frame=frame_html(views, caption), plots_note=stale)
+        time.sleep(LANE_GAP_S)  # let that frame leave before the decoder starts, alone
+        for events, clock, trace in _guarded(decode_alone(method, models, prompt, options[method]), errors, method):
+            if trace is None:
+                n = render.lane_counts(method, events, options[method]["max_new_tokens"])["tokens"]
+                views[method] = lane_view(method, prompt, pieces[method], options[method], "running",
+                                           progress=n / options[method]["max_new_tokens"],
+                                           note=f"decoding alone: {n} / {options[method]['max_new_tokens']} tokens, "
+                                                f"{clock:.2f} s")
+                yield _out(frame=frame_html(views, caption))
+            else:
+                done[method] = trace
+                views[method] = lane_view(method, prompt, pieces[method], options[method], "waiting",
+                                           note=f"decoded alone in {trace.stats['wall_s']:.2f} s; waits for the "
+                                                "others to play")
+        if method in errors:
+            views[method] = lane_view(method, prompt, pieces[method], options[method], "error", note=errors[method])
+    current = {"traces": done, "pieces": {m: pieces[m] for m in done}, "errors": errors}
+    if not done:
+        yield _out(frame=frame_html(views, "Every lane failed."))
+        raise gr.Error("; ".join(f"{m}: {e}" for m, e in errors.items()), print_exception=False)
+    end_ms = max(t.stats["wall_s"] for t in done.values()) * 1e3
+    words = speed_words(end_ms, speed)
+    once = {"current": current, "scrubber": gr.Slider(minimum=0, maximum=round(end_ms + 0.1, 1), value=0)}
+    for at in playback_times(end_ms, speed):  # phase 2: one shared clock; the mini-plots under the lanes follow
+        frame = replay_frame(current, at, playing=True,
+                             caption=f"All lanes on one shared clock, t = {at:.1f} ms ({words}).")
+        yield _out(frame=frame, **once)
+        once = {}  # the replay state goes out with the first frame, so Stop leaves a replayable run
+    history = ([*(history or []), *done.values()])[-HISTORY_LIMIT:]
+    figures = plots.all_figures(history, done, models.names)
+    caption = (f"Each lane was decoded alone, then all played on one shared clock ({words})."
+               + greedy_note(done))
+    yield _out(frame=replay_frame(current, end_ms, caption=caption), run_table=run_table(done, models),
+               result=token_result(done), model_info=describe_models(models),
+               **{k: figures[k] for k in plots.FIGURE_KEYS},
+               plots_note=f"These plots show this run ({short_text(prompt)}); latency plots cover the session's "
+                          f"{len(history)} traces.",
+               acceptance_note=acceptance_note(done.get("speculative")), why=why_text(done),
+               history=history, current=current, scrubber=gr.Slider(minimum=0, maximum=round(end_ms + 0.1, 1),
+                                                                   value=round(end_ms + 0.1, 1)))
+    if errors:
+        raise gr.Error("; ".join(f"{m}: {e}" for m, e in errors.items()), print_exception=False)
+
+
+def _guarded(frames: Iterator[tuple], errors: dict[str, str], method: str) -> Iterator[tuple]:
+    """The lane's frames; an error is recorded for that lane (the other lanes still run)."""
+    try:
+        yield from frames
+    except gr.Error as exc:
+        errors[method] = str(exc.message if hasattr(exc, "message") else exc)
+
+
+def short_text(text: str, chars: int = 40) -> str:
+    one = " ".join(text.split())
+    return f"“{one[:chars]}…”" if len(one) > chars else f"“{one}”"
+
+
+def acceptance_note(spec: Trace | None) -> str:
+    """The lane's acceptance and the break-even plot's α̂, side by side, with why they differ."""
+    if spec is None:
+        return ("**Two acceptance numbers.** The lane header's *acceptance* is accepted / proposed drafts; the "
+                "break-even plot's α̂ is the mean of min(1, p/q) over the drafts the target checked. Run the "
+                "speculative lane to see both for this run.")
+    proposed, accepted = spec.stats["proposed"], spec.stats["accepted"]
+    checks = [c for e in spec.events if isinstance(e, Verification) for c in e.checks]
+    alpha = float(np.mean([c.accept_prob for c in checks])) if checks else float("nan")
+    first = [c for c in checks if c.position == 0]
+    first_rate = sum(c.accepted for c in first) / len(first) if first else float("nan")
+    rate = accepted / proposed if proposed else float("nan")
+    return (f"**Two acceptance numbers, this run.** Lane header: accepted / proposed = {accepted} / {proposed} = "
+            f"**{rate:.0%}**. Break-even plot: α̂ = mean of min(1, p/q) over the {len(checks)} drafts the target "
+            f"checked = **{alpha:.2f}**. They differ because (1) drafts after a rejection are discarded unchecked: "
+            f"they count as proposed but never enter α̂ ({proposed - len(checks)} here); (2) α̂ averages the "
+            f"acceptance *probability*, the rate counts the coin's outcomes. The first draft of each step, accepted "
+            f"{first_rate:.0%} of the time, is the direct estimate of α (per-position plot, position 1).")
+
+
+def why_text(done: dict[str, Trace] | None = None) -> str:
+    """The 'why' panel, with this machine's measured cost of a verify pass when a run has given one."""
+    cost = "Run the autoregressive and speculative lanes once to see what it costs on this machine."
+    ar, spec = (done or {}).get("autoregressive"), (done or {}).get("speculative")
+    if ar is not None and spec is not None:
+        one = [e.forward_s for e in ar.events if isinstance(e, TokenStep)]
+        verify = [e for e in spec.events if isinstance(e, Verification) and e.checks]
+        if one and verify:
+            width = int(np.median([len(e.checks) for e in verify])) + 1
+            per_pass = float(np.median([e.forward_s for e in verify]))
+            base = float(np.median(one))
+            cost = (f"**Measured on this machine** ({ar.stats['device']}, {ar.stats['dtype']}, preset "
+                    f"`{ar.stats['preset']}`, last run): one target pass over 1 token took {base * 1e3:.2f} ms "
+                    f"(median of {len(one)}), a verify pass over about {width} tokens {per_pass * 1e3:.2f} ms "
+                    f"(median of {len(verify)}): **{per_pass / base:.2f}×** one token's pass for up to {width} "
+                    "tokens. On a CPU the extra tokens cost real arithmetic, so the gain is smaller than on a GPU.")
+    return read_text("why.md").replace("{{pass_cost}}", cost)
+
+
+def token_result(done: dict[str, Trace]) -> dict[str, Any]:
+    """What the API returns per lane: the token ids, the text and the stats."""
+    return {m: {"token_ids": t.token_ids, "text": t.text, "stats": t.stats, "config": t.config}
+            for m, t in done.items()}
+
+
+def other_family(models: Models) -> bool:
+    """True when the diffusion model is of another family than the target (another tokenizer)."""
+    return models.diffusion_tokenizer is not models.tokenizer or bool(models.preset.diffusion_from)
+
+
+RUN_TABLE_COLUMNS = ["lane", "settings", "tokens", "passes", "draft passes", "tokens / pass", "acceptance",
+                     "TTFT ms", "latency ms", "tokens / s", "speedup vs AR"]
+
+
+def run_table(done: dict[str, Trace], models: Models | None = None) -> pd.DataFrame:
+    """One row per lane of the last run; the speedup is per token against the AR lane (one run: no spread)."""
+    reference = done.get("autoregressive")
+    rows = []
+    for method, trace in done.items():
+        s = trace.stats
+        if method == "diffusion" and models is not None and other_family(models):
+            speedup = "n/a: another model family"
+        elif reference is not None:
+            speedup = f"{plots.measured_speedup(trace, reference):.2f}× (1 run)"
+        else:
+            speedup = "no AR lane"
+        rate = s["acceptance_rate"]
+        rows.append({"lane": method, "settings": render.lane_detail(method, trace.config), "tokens": s["new_tokens"],
+                     "passes": s["target_forward_passes"], "draft passes": s["draft_forward_passes"],
+                     "tokens / pass": f"{s['tokens_per_target_pass'] or 0:.2f}",
+                     "acceptance": "" if rate is None else f"{rate:.0%}",
+                     "TTFT ms": f"{(s['ttft_s'] or 0) * 1e3:.1f}", "latency ms": f"{s['wall_s'] * 1e3:.1f}",
+                     "tokens / s": f"{s['tokens_per_s'] or 0:.1f}", "speedup vs AR": speedup})
+    return pd.DataFrame(rows, columns=RUN_TABLE_COLUMNS)
+
+
+def greedy_note(done: dict[str, Trace]) -> str:
+    """At temperature 0 speculative output must equal autoregressive output (float32): say whether it did."""
+    ar, spec = done.get("autoregressive"), done.get("speculative")
+    if ar is None or spec is None or ar.config["temperature"] != 0:
+        return ""
+    dtype = spec.stats["dtype"]
+    if ar.token_ids == spec.token_ids:
+        return f" Greedy check: speculative output equals the autoregressive output token for token ({dtype})."
+    first = next((i for i, (a, b) in enumerate(zip(ar.token_ids, spec.token_ids, strict=False)) if a != b),
+                 min(len(ar.token_ids), len(spec.token_ids)))
+    expected = "rounding differs in half precision" if dtype != "float32" else "unexpected in float32: a bug"
+    return f" Greedy check: the outputs differ from token {first + 1} on ({dtype}: {expected})."

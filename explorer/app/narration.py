@@ -1,0 +1,98 @@
+"""Narration: what the latest step of each lane did, in words (tokens quoted as the lanes show them)."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+
+from explorer.app.render import LANE_TITLES, LaneView, visible_html
+from explorer.decoding.events import Proposal, RefinementStep, TokenStep, Verification
+
+
+def _quote(piece: str) -> str:
+    return f"<code>{visible_html(piece)}</code>"
+
+
+def _quotes(pieces: Sequence[str]) -> str:
+    return " ".join(_quote(p) for p in pieces) or "nothing"
+
+
+def _narrate_speculative(view: LaneView) -> str:
+    proposal, last, passes = None, None, 0
+    for e in view.events:
+        if isinstance(e, Proposal):
+            proposal, last = e, None
+        elif isinstance(e, Verification):
+            passes, last = passes + 1, e
+    of = f" of {view.total_steps}" if view.total_steps else ""
+    if proposal is None and last is None:
+        return "No step yet: the target reads the prompt (prefill), then the drafter proposes."
+    drafts = [view.piece(t) for t in proposal.tokens] if proposal is not None else []
+    if last is None:  # drafted, not yet checked
+        if not drafts:
+            return f"Step {passes + 1}{of}: the drafter found nothing to propose; the target makes one token alone."
+        return (f"Step {passes + 1}{of}: the {html.escape(proposal.drafter)} drafter proposed {_quotes(drafts)}; "
+                f"the target will check all {len(drafts)} in <b>one</b> pass.")
+    said = [f"the drafter proposed {_quotes(drafts)}; the target checked them in one pass"] if drafts else []
+    kept = [c for c in last.checks if c.accepted and c.position < len(last.emitted)]
+    sure = [view.piece(c.token) for c in kept if c.accept_prob >= 1]
+    if sure:
+        said.append(f"{_quotes(sure)} kept because p ≥ q")
+    said += [f"{_quote(view.piece(c.token))} kept: p/q = {c.accept_prob:.2f} and the coin said yes"
+             for c in kept if c.accept_prob < 1]
+    said += [f"{_quote(view.piece(c.token))} <b>rejected</b>: p/q = {c.accept_prob:.2f} and the coin said no"
+             for c in last.checks if not c.accepted]
+    rejection = any(not c.accepted for c in last.checks)
+    if len(drafts) > len(last.checks):
+        why = "they came after the rejection" if rejection else "the output was already long enough"
+        said.append(f"{_quotes(drafts[len(last.checks):])} discarded unchecked ({why})")
+    if last.resampled is not None:
+        said.append(f"a new token {_quote(view.piece(last.resampled))} drawn from max(0, p − q)")
+    elif last.bonus is not None and drafts and len(last.checks) < len(drafts):
+        said.append(f"the same pass gives the target's own next token {_quote(view.piece(last.bonus))}")
+    elif last.bonus is not None and drafts:
+        said.append(f"every draft passed, so the same pass adds a bonus token {_quote(view.piece(last.bonus))}")
+    elif last.bonus is not None:
+        said.append(f"nothing was drafted: the target made {_quote(view.piece(last.bonus))} alone")
+    return f"Step {passes}{of}: " + "; ".join(said) + f". {len(last.emitted)} token(s) added for one target pass."
+
+
+def _narrate_diffusion(view: LaneView) -> str:
+    steps = [e for e in view.events if isinstance(e, RefinementStep)]
+    of = f" of {view.total_steps}" if view.total_steps else ""
+    if not steps:
+        return f"All {view.max_new_tokens} positions start as [MASK]; each pass predicts every mask at once."
+    e = steps[-1]
+    how = "most confident" if "random" not in view.detail else "randomly chosen"
+    if "threshold" in view.detail:
+        how = "confident enough (above the threshold)"
+    shown = list(zip(e.positions, e.tokens, e.confidences, strict=True))[:6]
+    items = ", ".join(f"{_quote(view.piece(t))} (position {p + 1}, confidence {c:.2f})" for p, t, c in shown)
+    more = f" and {len(e.positions) - len(shown)} more" if len(e.positions) > len(shown) else ""
+    return (f"Step {e.step + 1}{of} (block {e.block + 1}): one pass predicted every mask; the {len(e.positions)} "
+            f"{how} were revealed: {items}{more}. {e.masks_left} masks left.")
+
+
+def _narrate_autoregressive(view: LaneView) -> str:
+    steps = [e for e in view.events if isinstance(e, TokenStep)]
+    if not steps:
+        return "One target pass per token: nothing yet."
+    e = steps[-1]
+    return f"Token {e.step + 1}: {_quote(view.piece(e.token))} (p = {e.p:.2f}), one target pass for one token."
+
+
+def narration_html(views: Sequence[LaneView]) -> str:
+    """A plain-language account of each lane's latest step (the replay's narration)."""
+    narrate = {"autoregressive": _narrate_autoregressive, "speculative": _narrate_speculative,
+               "diffusion": _narrate_diffusion}
+    items = []
+    for view in views:
+        if view.progress is not None or view.status == "waiting" and not view.events:
+            text = "Decoding alone, timed; it plays on the shared clock once every lane is decoded."
+        elif view.status == "error":
+            text = html.escape(view.note or "this lane failed")
+        else:
+            text = narrate[view.method](view)
+        items.append(f'<p class="narr narr-{view.method}" data-lane="{view.method}"><b>{LANE_TITLES[view.method]}.'
+                     f"</b> {text}</p>")
+    return f'<div class="narr-title">What just happened</div>{"".join(items)}'

@@ -1,0 +1,183 @@
+"""Playback: a run has two phases. First each lane is decoded alone, one after another, in a worker thread
+that never waits for the UI (so it is measured alone: docs/design.md); meanwhile the lane shows a progress bar a few
+times a second, so the page never sits still. Then every lane plays its recorded events on one shared clock (real
+time, or slowed so the longest lane lasts about AUTO_PLAY_S). The race replay re-plays or steps through the same
+traces without running a model again."""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import gradio as gr
+
+import explorer
+from explorer.app import live_plots, narration, render
+from explorer.app.lane_settings import Settings, preset_settings
+from explorer.decoding.config import METHODS
+from explorer.decoding.events import Event, Trace
+from explorer.errors import ExplorerError
+from explorer.models import Models
+
+FRAME_INTERVAL_S = 1 / 20  # playback: at most 20 frames per second
+PROGRESS_INTERVAL_S = 0.25  # while a lane decodes alone: a progress frame 4 times a second
+AUTO_PLAY_S = 4.0  # "auto" playback: the longest lane plays in about this long (never faster than real time)
+
+
+# ----------------------------------------------------------------------------------------------
+# phase 1: each lane decoded alone (honest timing), showing only a progress bar
+
+def decode_alone(method: str, models: Models, prompt: str, options: dict[str, Any],
+                 stop: threading.Event | None = None) -> Iterator[tuple[list[Event], float, Trace | None]]:
+    """Yield (events so far, seconds since the decoder started, the trace on the last item).
+
+    The decoder runs alone in a worker thread; this yields every PROGRESS_INTERVAL_S (progress
+    frames are tiny: a bar, no tokens) and once at the end with the Trace. Closing the generator
+    (Stop) stops the decoder at its next event.
+    """
+    stop = stop or threading.Event()
+    inbox: queue.Queue = queue.Queue()
+    origin: list[float] = []
+    worker = threading.Thread(target=_decode_worker, args=(method, models, prompt, options, inbox, origin, stop),
+                              name=f"decode-{method}", daemon=True)
+    started = time.perf_counter()
+    worker.start()
+    received: list[Event] = []
+    try:
+        while True:
+            trace = _receive(inbox, received, time.perf_counter() + PROGRESS_INTERVAL_S)
+            if trace is not None:
+                yield received, float(trace.stats["wall_s"]), trace
+                return
+            yield received, time.perf_counter() - (origin[0] if origin else started), None
+    finally:
+        stop.set()
+
+
+def _decode_worker(method: str, models: Models, prompt: str, options: dict[str, Any], out: queue.Queue,
+                   origin: list[float], stop: threading.Event) -> None:
+    """Run one decode as fast as it goes, handing each event to the UI through ``out``."""
+    try:
+        gen = explorer.stream(method, models, prompt, **options)
+        origin.append(time.perf_counter())  # the lane's clock starts here
+        while not stop.is_set():
+            out.put(("event", next(gen)))
+        gen.close()
+        out.put(("stopped", None))
+    except StopIteration as done:
+        out.put(("trace", done.value))
+    except Exception as exc:  # reported to the user by the UI thread
+        out.put(("error", exc))
+
+
+def _receive(inbox: queue.Queue, received: list[Event], deadline: float) -> Trace | None:
+    """Append the events that arrive before ``deadline``; return the Trace if the decode ended."""
+    while True:
+        try:
+            kind, item = inbox.get(timeout=max(1e-4, deadline - time.perf_counter()))
+        except queue.Empty:
+            return None
+        if kind == "event":
+            received.append(item)
+        elif kind == "trace":
+            return item
+        elif kind == "stopped":
+            raise gr.Error("stopped", print_exception=False)
+        else:
+            message = str(item) if isinstance(item, ExplorerError) else f"{type(item).__name__}: {item}"
+            raise gr.Error(message, print_exception=False)
+
+
+# ----------------------------------------------------------------------------------------------
+# phase 2: every lane on one shared clock
+
+def playback_times(end_ms: float, slow_motion: float, start_ms: float = 0.0) -> Iterator[float]:
+    """Replay times (ms) from ``start_ms`` to ``end_ms``, one per frame, paced in real time at
+    1/slow_motion (0 = auto: slowed so the whole playback lasts about AUTO_PLAY_S)."""
+    slow = float(slow_motion) if slow_motion and slow_motion >= 1 else max(1.0, AUTO_PLAY_S * 1e3 / max(end_ms, 1e-6))
+    start_ms = 0.0 if start_ms >= end_ms else float(start_ms)
+    started = time.perf_counter()
+    while True:
+        at = start_ms + (time.perf_counter() - started) * 1e3 / slow
+        if at >= end_ms:
+            yield end_ms
+            return
+        yield at
+        time.sleep(FRAME_INTERVAL_S)
+
+
+def speed_words(end_ms: float, slow_motion: float) -> str:
+    slow = float(slow_motion) if slow_motion and slow_motion >= 1 else max(1.0, AUTO_PLAY_S * 1e3 / max(end_ms, 1e-6))
+    return "real time" if slow <= 1.0001 else f"{slow:.3g}× slower than real time"
+
+
+def lane_view(method: str, prompt: str, piece: render.Piece, options: dict[str, Any], status: str,
+               events: list[Event] | None = None, clock: float = 0.0, **extra: Any) -> render.LaneView:
+    return render.LaneView(method, events or [], prompt, piece, options["max_new_tokens"], options.get("block_length"),
+                           clock, status, render.lane_detail(method, options), **extra)
+
+
+def frame_html(views: dict[str, render.LaneView], caption: str = "", below: str = "") -> str:
+    return render.lanes_html([render.lane_html(v) for v in views.values()], list(views), caption,
+                             narration.narration_html(list(views.values())), below)
+
+
+def initial_frame(methods: tuple[str, ...] = METHODS, settings: Settings | None = None) -> str:
+    """The lanes before any run: everything waiting, the diffusion canvas fully masked."""
+    settings = settings or preset_settings()
+    views = {m: lane_view(m, "", str, settings.options(m), "waiting") for m in methods}
+    return frame_html(views, "Press Run: each lane is decoded alone (timed), then all of them play together on one "
+                  "shared clock, every draft/verify and refinement step.")
+
+
+def replay_frame(current: dict[str, Any] | None, at_ms: float, playing: bool = False, caption: str = "") -> str:
+    """All lanes of the last run as they were ``at_ms`` milliseconds after each started; a lane not
+    finished by then is "running" while playing and "stopped" on a still frame."""
+    if not current:
+        return initial_frame()
+    views = {m: render.trace_view(t, current["pieces"][m], at_ms / 1e3, unfinished="running" if playing else "stopped")
+             for m, t in current["traces"].items()}
+    views |= {m: lane_view(m, "", str, {"max_new_tokens": 1}, "error", note=note)
+              for m, note in current.get("errors", {}).items()}
+    end_s = max(t.stats["wall_s"] for t in current["traces"].values())
+    below = live_plots.live_plots_html([views[m] for m in current["traces"]],
+                                   {m: t.t0 for m, t in current["traces"].items()}, end_s)
+    return frame_html(views, caption or f"Race replay at t = {at_ms:.1f} ms on one shared clock (true relative speed).",
+                  below)
+
+
+# ----------------------------------------------------------------------------------------------
+# race replay: the finished traces on one shared clock, no model runs
+
+def replay_play(current: dict[str, Any] | None, at_ms: float, speed: float) -> Iterator[tuple[str, float]]:
+    """Play from the scrubber position to the end (speed as the Run's playback)."""
+    if not current or not current.get("traces"):
+        raise gr.Error("nothing to replay yet: press Run first", print_exception=False)
+    end_ms = max(t.stats["wall_s"] for t in current["traces"].values()) * 1e3
+    words = speed_words(end_ms, speed)
+    for at in playback_times(end_ms, speed, float(at_ms or 0)):
+        caption = f"Race replay, t = {at:.1f} ms on one shared clock ({words})."
+        yield replay_frame(current, at, playing=at < end_ms, caption=caption), round(at if at < end_ms else end_ms
+                                                                                      + 0.1, 2)
+
+
+def replay_step(current: dict[str, Any] | None, at_ms: float, backwards: bool = False) -> tuple[str, float]:
+    """Jump to the next (or previous) event of any lane."""
+    if not current or not current.get("traces"):
+        return initial_frame(), 0.0
+    at = render.next_event_time(list(current["traces"].values()), float(at_ms or 0) / 1e3, backwards) * 1e3
+    at = math.ceil(at * 100) / 100  # the scrubber's resolution (10 µs), rounded up so the event shows
+    return replay_frame(current, at), at
+
+
+def replay_at(current: dict[str, Any] | None, at_ms: float | None) -> str:
+    """The frame at a time typed into the scrubber's box or dragged to (clamped to the run)."""
+    if not current or not current.get("traces"):
+        return initial_frame()
+    end_ms = max(t.stats["wall_s"] for t in current["traces"].values()) * 1e3
+    at = min(max(0.0, float(at_ms or 0)), end_ms + 0.1)
+    return replay_frame(current, at)

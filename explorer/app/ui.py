@@ -1,0 +1,344 @@
+"""The Gradio page: Blocks layout and event wiring only; ``build_demo(default_preset=...)`` builds it.
+
+Everything else lives beside it: the controls' values (lane_settings.Settings), the Run handler and its notes
+(handlers), the measure tab (measure_tab), the two-phase playback and the race replay (playback), frames
+(render, narration, live_plots), figures (plots), the page's prose, style and scripts (page, text/*.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+
+from explorer.app import hosting, plots
+from explorer.app.handlers import HISTORY_LIMIT, RUN_OUTPUTS, RUN_TABLE_COLUMNS, acceptance_note, run_lanes, why_text
+from explorer.app.hosting import gpu
+from explorer.app.lane_settings import (
+    BLOCKS,
+    FLAG_FIELDS,
+    SETTING_NAMES,
+    TOKENS_PER_STEP,
+    Settings,
+    describe_preset,
+    diffusion_plan,
+    load_preset,
+    preset_settings,
+)
+from explorer.app.measure_tab import (
+    MAX_PROMPT_FILE_BYTES,
+    MAX_PROMPTS,
+    MAX_REPEATS,
+    export_traces,
+    measure,
+    summary_table,
+)
+from explorer.app.page import (
+    EXAMPLE_LABELS,
+    EXAMPLES,
+    LOAD_JS,
+    PAGE_CSS,
+    PRESENTER_JS,
+    SCROLL_JS,
+    SETTLE_JS,
+    STYLE,
+    read_text,
+)
+from explorer.app.playback import initial_frame, replay_at, replay_play, replay_step
+from explorer.decoding.config import CACHES, DRAFTERS, METHODS, REMASKING, validate_prompt
+from explorer.errors import ExplorerError
+from explorer.models import DEFAULT_PRESET
+
+SPEEDS = [("auto (about 4 s)", 0.0), ("real time", 1.0), ("2× slower", 2.0), ("10× slower", 10.0),
+          ("100× slower", 100.0)]
+
+
+# ----------------------------------------------------------------------------------------------
+# layout
+
+@dataclass
+class Controls:
+    """The components the event wiring needs (filled in by the builders)."""
+
+    prompt: Any = None
+    preset: Any = None
+    lanes: Any = None
+    audit_temperature: Any = None
+    audit_top_k: Any = None
+    audit_gamma: Any = None
+    audit_run: Any = None
+    audit_out: Any = None
+    settings: list[Any] = None  # in Settings field order
+    speed: Any = None
+    presenter: Any = None
+    sidebar: Any = None
+    run: Any = None
+    stop: Any = None
+    model_info: Any = None
+    frame: Any = None
+    run_table: Any = None
+    result: Any = None
+    figures: list[Any] = None  # in plots.FIGURE_KEYS order
+    plots_note: Any = None
+    acceptance_note: Any = None
+    why: Any = None
+    history: Any = None
+    current: Any = None
+    scrubber: Any = None
+    play: Any = None
+    pause: Any = None
+    back: Any = None
+    forward: Any = None
+    repeats: Any = None
+    prompt_file: Any = None
+    measure_prompt: Any = None
+    measure_file: Any = None
+    measure_status: Any = None
+    summary: Any = None
+    per_prompt: Any = None
+    measure_figures: list[Any] = None
+    export: Any = None
+    files: Any = None
+
+
+def _build_prompt(c: Controls) -> None:
+    with gr.Row(equal_height=False, elem_id="prompt-row"):
+        c.prompt = gr.Textbox(label="Prompt", lines=2, max_lines=12, max_length=20_000, elem_id="prompt",
+                              value=EXAMPLES[0][0], scale=5)
+        with gr.Column(scale=1, min_width=150, elem_id="run-column"):
+            c.run = gr.Button("▶ Run", variant="primary", elem_id="run")
+            c.stop = gr.Button("■ Stop", variant="stop", elem_id="stop")
+            c.presenter = gr.Checkbox(False, label="Presenter mode", elem_id="presenter",
+                                      info="large type, sidebar closed")
+
+
+def _build_settings(c: Controls, default_preset: str) -> list[Any]:
+    """The sidebar: preset, lanes and every decoding control; returns the Settings components."""
+    d = preset_settings(default_preset)
+    choices, hidden_note = hosting.preset_choices()  # GPU presets only where CUDA is; random-gemma4 nowhere
+    c.preset = gr.Dropdown(choices, value=default_preset, label="Preset", info=hidden_note)
+    c.lanes = gr.CheckboxGroup(list(METHODS), value=list(METHODS), label="Lanes",
+                               info="autoregressive = the reference every speedup is measured against")
+    c.speed = gr.Dropdown(SPEEDS, value=0.0, label="Playback", elem_id="speed",
+                          info="decoding is always timed at full speed; this only paces the animation")
+    gr.Markdown("**All lanes**")
+    max_new = gr.Slider(8, 256, value=d.max_new_tokens, step=8, label="max new tokens (N)", elem_id="max-new")
+    temperature = gr.Slider(0, 2, value=d.temperature, step=0.05, label="temperature (0 = greedy)")
+    top_p = gr.Slider(0.05, 1, value=d.top_p, step=0.05, label="top-p (1 = off)")
+    seed = gr.Number(d.seed, precision=0, label="seed")
+    gr.Markdown("**Speculative**")
+    drafter = gr.Radio(list(DRAFTERS), value=d.drafter, label="drafter")
+    gamma = gr.Slider(1, 16, value=d.gamma, step=1, label="γ (drafts per step)")
+    adaptive = gr.Checkbox(d.adaptive_gamma, label="adaptive γ (+2 after a full acceptance, −1 after a rejection)")
+    gr.Markdown("**Diffusion** (K and the block length follow N)")
+    per_step = gr.Radio([(f"N/{r}" if r > 1 else "N (one token a pass)", r) for r in TOKENS_PER_STEP],
+                        value=d.tokens_per_step, label="steps K (tokens revealed per pass = N/K)")
+    blocks = gr.Radio([(f"N/{b}" if b > 1 else "N (one block)", b) for b in BLOCKS], value=d.blocks,
+                      label="block length (blocks are filled left to right)")
+    remasking = gr.Radio(list(REMASKING), value=d.remasking, label="remasking")
+    threshold = gr.Slider(0, 1, value=d.threshold, step=0.05, label="confidence threshold (0 = off)")
+    cache = gr.Radio(list(CACHES), value=d.cache, label="KV cache (Fast-dLLM)",
+                     info="prefix: prompt and finished blocks; dual: also the masked suffix. Approximate.")
+    flags = gr.CheckboxGroup(list(FLAG_FIELDS), value=list(d.flags), label="options", visible=bool(FLAG_FIELDS))
+    plan = gr.Markdown(plan_text(d.max_new_tokens, d.tokens_per_step, d.blocks), elem_id="diffusion-plan")
+    for control in (max_new, per_step, blocks):
+        control.change(plan_text, [max_new, per_step, blocks], plan, api_visibility="undocumented",
+                       show_progress="hidden", queue=False)
+    return [max_new, temperature, top_p, seed, drafter, gamma, adaptive, per_step, blocks, remasking, threshold, cache,
+            flags]
+
+
+def plan_text(max_new_tokens: int, tokens_per_step: int, blocks: int) -> str:
+    steps, block = diffusion_plan(max_new_tokens, tokens_per_step, blocks)
+    n = int(max_new_tokens)
+    return f"Diffusion will make **K = {steps}** passes over N = {n} tokens in {n // block} block(s) of {block}."
+
+
+def _build_examples(c: Controls) -> None:
+    drafter, temperature = c.settings[SETTING_NAMES.index("drafter")], c.settings[SETTING_NAMES.index("temperature")]
+    with gr.Accordion("Examples (each shows a different regime)", open=False, elem_id="examples"):
+        gr.Examples(EXAMPLES, inputs=[c.prompt, drafter, temperature], example_labels=EXAMPLE_LABELS, label=None)
+
+
+def _build_lanes(c: Controls) -> None:
+    c.frame = gr.HTML(initial_frame(), css_template=STYLE, apply_default_css=False, js_on_load=None,
+                      elem_id="lanes")
+    with gr.Group(elem_id="replay"), gr.Row(equal_height=True):
+        with gr.Column(scale=1, min_width=260):
+            gr.Markdown("**Race replay**: the finished run again, on one shared clock; no model runs.")
+            with gr.Row():
+                c.play = gr.Button("▶ Play", size="sm", elem_id="replay-play", min_width=60)
+                c.pause = gr.Button("❙❙ Pause", size="sm", elem_id="replay-pause", min_width=60)
+                c.back = gr.Button("◀ Step", size="sm", elem_id="replay-back", min_width=60)
+                c.forward = gr.Button("Step ▶", size="sm", elem_id="replay-forward", min_width=60)
+        c.scrubber = gr.Slider(0, 1, value=0, step=0.01, label="replay time (ms, shared clock; type a time or drag)",
+                               elem_id="scrubber", scale=2)
+    c.model_info = gr.Markdown("Loading the default preset …", elem_id="model-info")
+    with gr.Accordion("Why? Five questions a student asks", open=False, elem_id="why-panel"):
+        c.why = gr.Markdown(why_text(), elem_id="why")
+    c.run_table = gr.Dataframe(pd.DataFrame(columns=RUN_TABLE_COLUMNS), elem_id="run-table", interactive=False,
+                               label="This run, one row per lane (press Run to fill it)", wrap=True)
+
+
+def _build_plots(c: Controls) -> None:
+    c.plots_note = gr.Markdown("Plots appear as the lanes play: press Run.", elem_id="plots-note")
+    empty = plots.all_figures([], {})
+    c.figures = []
+    keys = list(plots.FIGURE_KEYS)
+    for left, right in zip(keys[::2], keys[1::2] + [None], strict=True):
+        with gr.Row():
+            for key in (left, right):
+                if key is not None:
+                    c.figures.append(gr.Plot(empty[key], label=key.replace("_", " "), elem_classes=["explorer-plot"],
+                                             elem_id=f"plot-{key}"))
+            if right is None:
+                c.acceptance_note = gr.Markdown(acceptance_note(None), elem_id="acceptance-note")
+    with gr.Accordion("Token ids, text and stats per lane (what the /run API returns last)", open=False):
+        c.result = gr.JSON(label="Last run")
+
+
+def _build_measure(c: Controls) -> None:
+    gr.Markdown("Percentiles need many requests. Run the prompt above R times per lane (seed + i for repeat i), "
+                f"or upload your own traffic: a `.txt` file with one prompt a line or `.jsonl` with a "
+                f"`\"prompt\"` field and optionally `\"temperature\"` (at most {MAX_PROMPTS} prompts, "
+                f"{MAX_PROMPT_FILE_BYTES // 1000} kB). Every decode runs alone; nothing is animated. Results are "
+                "grouped by preset, method, drafter, γ, temperature and diffusion schedule, never pooled across "
+                "them; every number has its 95% bootstrap interval in brackets.")
+    with gr.Row():
+        c.repeats = gr.Slider(1, MAX_REPEATS, value=5, step=1, label="R (repeats per prompt and lane)")
+        c.measure_prompt = gr.Button("Run this prompt R times", elem_id="measure-prompt")
+    with gr.Row():
+        c.prompt_file = gr.File(label="Prompt file (.txt / .jsonl)", file_types=[".txt", ".jsonl"], type="filepath")
+        c.measure_file = gr.Button("Run the workload", elem_id="measure-file")
+    c.measure_status = gr.Markdown("Nothing measured yet: the tables fill after a measurement.")
+    c.summary = gr.Dataframe(summary_table(pd.DataFrame()), label="Per setup (never pooled)", interactive=False,
+                             wrap=True, elem_id="summary")
+    c.per_prompt = gr.Dataframe(summary_table(pd.DataFrame(), by_prompt=True), label="Per prompt", interactive=False,
+                                wrap=True, elem_id="per-prompt")
+    empty = plots.all_figures([], {})
+    with gr.Row():
+        c.measure_figures = [gr.Plot(empty["latency_percentiles"], label="Latency p50/p95/p99"),
+                             gr.Plot(empty["latency_cdf"], label="Latency CDF")]
+    with gr.Row():
+        c.export = gr.Button("Export every trace of this session (CSV + JSON)")
+        c.files = gr.File(label="Traces", file_count="multiple", interactive=False)
+    gr.Markdown(f"The export holds every request of this session (up to {HISTORY_LIMIT}; older ones are dropped and "
+                "the status line says so), one CSV row each with its prompt and every setting.")
+
+
+AUDIT_MAX_SAMPLES = 2000  # one audit request holds the decode slot: bounded
+
+
+def _build_audit(c: Controls) -> None:
+    gr.Markdown("Samples the speculative decoder's first tokens on the prompt above and tests them against the "
+                "target's exact distribution (enumerated from p), with the power to see the known sampler bugs "
+                "*here*: the same verdict as `python -m explorer audit` (PASS / FAIL / INCONCLUSIVE). "
+                f"At most {AUDIT_MAX_SAMPLES} samples per request.")
+    with gr.Row():
+        c.audit_temperature = gr.Slider(0.1, 2, value=1.0, step=0.05, label="temperature")
+        c.audit_top_k = gr.Slider(1, 64, value=8, step=1, label="top-k (makes the first token enumerable)")
+        c.audit_gamma = gr.Slider(1, 8, value=3, step=1, label="γ")
+    c.audit_run = gr.Button("Run the audit", elem_id="audit-run")
+    c.audit_out = gr.Markdown("No audit yet.", elem_id="audit-out")
+
+
+@gpu(hosting.run_duration)
+def run_audit_tab(prompt: str, preset: str, temperature: float, top_k: int, gamma: int) -> str:
+    """The audit of the current prompt and preset, in words (``audit.report_lines``)."""
+    from explorer.measure.audit import report_lines, run_audit
+
+    try:
+        validate_prompt(prompt)
+        models = load_preset(preset)
+        result = run_audit(models, prompt, temperature=float(temperature), top_k=int(top_k), gamma=int(gamma),
+                           max_samples=AUDIT_MAX_SAMPLES)
+    except ExplorerError as exc:
+        raise gr.Error(str(exc), print_exception=False) from None
+    lines = report_lines(result)
+    return f"### {result.status}\n\n```\n" + "\n".join(lines) + "\n```"
+
+
+def build_demo(default_preset: str = DEFAULT_PRESET) -> gr.Blocks:
+    """The whole app, opening on ``default_preset``; ``app.py`` exposes it as the module-level ``demo``."""
+    c = Controls()
+    with gr.Blocks(title="Decoding explorer", fill_width=True) as demo:
+        gr.HTML(f"<style>{PAGE_CSS}</style>", apply_default_css=False, padding=False, elem_id="page-style")
+        gr.Markdown(read_text("intro.md"), elem_id="intro")
+        c.history, c.current = gr.State([]), gr.State(None)
+        with gr.Sidebar(label="Settings", width=330, elem_id="sidebar") as c.sidebar:
+            c.settings = _build_settings(c, default_preset)
+        _build_prompt(c)
+        _build_examples(c)
+        _build_lanes(c)
+        with gr.Tabs():
+            with gr.Tab("Plots"):
+                _build_plots(c)
+            with gr.Tab("Measure: percentiles and workloads"):
+                _build_measure(c)
+            with gr.Tab("How it works"):
+                gr.Markdown(read_text("how_it_works.md"),
+                            latex_delimiters=[{"left": "$$", "right": "$$", "display": True},
+                                              {"left": "$", "right": "$", "display": False}])
+            with gr.Tab("Audit: is it lossless?"):
+                _build_audit(c)
+            with gr.Tab("Deployment checklist"):
+                gr.Markdown(read_text("checklist.md"))
+        _wire(c, demo)
+    return demo.queue(max_size=32, default_concurrency_limit=1)
+
+
+def with_settings(fn: Callable[..., Iterator], before: int) -> Callable[..., Iterator]:
+    """Gradio passes one value per input; ``fn`` takes one Settings after its first ``before`` arguments."""
+    n = len(SETTING_NAMES)
+
+    def handler(*values: Any) -> Iterator:
+        yield from fn(*values[:before], Settings.from_values(values[before:before + n]), *values[before + n:])
+
+    handler.__name__ = fn.__name__
+    handler.__doc__ = fn.__doc__
+    return handler
+
+
+def _wire(c: Controls, demo: gr.Blocks) -> None:
+    """Events. Decoding handlers share one concurrency slot, so two decodes never compete for the cores."""
+    decode_slot = {"concurrency_id": "decode", "concurrency_limit": 1}
+    outputs = {"frame": c.frame, "run_table": c.run_table, "result": c.result, "model_info": c.model_info,
+               **dict(zip(plots.FIGURE_KEYS, c.figures, strict=True)), "plots_note": c.plots_note,
+               "acceptance_note": c.acceptance_note, "why": c.why, "history": c.history, "current": c.current,
+               "scrubber": c.scrubber}
+    c.run.click(None, js=SCROLL_JS)
+    run = c.run.click(with_settings(run_lanes, 3), [c.prompt, c.preset, c.lanes, *c.settings, c.speed, c.history],
+                      [outputs[name] for name in RUN_OUTPUTS], api_name="run", show_progress="hidden",
+                      **decode_slot)
+    batch_inputs = [c.prompt, c.prompt_file, c.repeats, c.preset, c.lanes, *c.settings, c.history]
+    batch_outputs = [c.measure_status, c.summary, c.per_prompt, *c.measure_figures, c.history,
+                     outputs["latency_percentiles"], outputs["latency_cdf"]]
+    batch = {"outputs": batch_outputs, "show_progress_on": c.measure_status, **decode_slot}
+    by_prompt = c.measure_prompt.click(with_settings(measure, 6), [gr.State("prompt"), *batch_inputs],
+                                       api_name="measure", **batch)
+    by_file = c.measure_file.click(with_settings(measure, 6), [gr.State("file"), *batch_inputs],
+                                   api_name="workload", **batch)
+    c.audit_run.click(run_audit_tab, [c.prompt, c.preset, c.audit_temperature, c.audit_top_k, c.audit_gamma],
+                      c.audit_out, api_name="audit", show_progress_on=c.audit_out, **decode_slot)
+    play = c.play.click(replay_play, [c.current, c.scrubber, c.speed], [c.frame, c.scrubber],
+                        api_visibility="undocumented", concurrency_limit=8, show_progress="hidden")
+    c.pause.click(None, js=SETTLE_JS, cancels=[play])
+    c.stop.click(None, js=SETTLE_JS, cancels=[run, by_prompt, by_file, play])
+    step = {"outputs": [c.frame, c.scrubber], "api_visibility": "undocumented", "show_progress": "hidden"}
+    c.forward.click(lambda cur, at: replay_step(cur, at), [c.current, c.scrubber], cancels=[play], **step)
+    c.back.click(lambda cur, at: replay_step(cur, at, True), [c.current, c.scrubber], cancels=[play], **step)
+    scrub = {"outputs": c.frame, "api_visibility": "undocumented", "show_progress": "hidden"}
+    c.scrubber.release(replay_at, [c.current, c.scrubber], **scrub)
+    c.scrubber.input(replay_at, [c.current, c.scrubber], trigger_mode="always_last", **scrub)
+    c.export.click(export_traces, c.history, c.files, api_name="export", api_visibility="undocumented")
+    c.presenter.change(lambda on: gr.Sidebar(open=not on), c.presenter, c.sidebar, js=PRESENTER_JS,
+                       api_visibility="undocumented", queue=False)
+    follows = [c.model_info] + [c.settings[SETTING_NAMES.index(n)] for n in ("drafter", "tokens_per_step", "blocks")]
+    c.preset.change(describe_preset, c.preset, follows, api_visibility="undocumented", **decode_slot)
+    demo.load(describe_preset, c.preset, follows, api_visibility="undocumented", **decode_slot)
+    demo.load(None, js=LOAD_JS)
+
+
