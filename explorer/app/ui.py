@@ -336,7 +336,8 @@ def _wire(c: Controls, demo: gr.Blocks) -> None:
     c.export.click(export_traces, c.history, c.files, api_name="export", api_visibility="undocumented")
     c.presenter.change(lambda on: gr.Sidebar(open=not on), c.presenter, c.sidebar, js=PRESENTER_JS,
                        api_visibility="undocumented", queue=False)
-    follows = [c.model_info] + [c.settings[SETTING_NAMES.index(n)] for n in ("drafter", "tokens_per_step", "blocks")]
+    follows = [c.model_info] + [c.settings[SETTING_NAMES.index(n)]
+                                for n in ("drafter", "gamma", "tokens_per_step", "blocks")]
     c.preset.change(describe_preset, c.preset, follows, api_visibility="undocumented", **decode_slot)
     demo.load(describe_preset, c.preset, follows, api_visibility="undocumented", **decode_slot)
     demo.load(None, js=LOAD_JS)
