@@ -244,21 +244,11 @@ def save_eagle_head(head: EagleHead, out_dir: Path, dtype: torch.dtype = torch.f
 
 def load_eagle_head(path: Path, target: nn.Module, dtype: torch.dtype) -> EagleHead:
     """Load a saved head next to its target; a missing, corrupt or mismatched file names the file."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
     from transformers import LlamaConfig
 
-    config_file, weights_file = path / "config.json", path / "model.safetensors"
-    for f in (config_file, weights_file):
-        if not f.exists():
-            raise ExplorerError(f"draft file missing: {f}")
-    try:
-        raw = json.loads(config_file.read_text())
-        state = load_file(str(weights_file))
-    except (json.JSONDecodeError, SafetensorError, OSError) as exc:
-        bad = config_file if isinstance(exc, json.JSONDecodeError) else weights_file
-        raise ExplorerError(f"draft file is corrupt: {bad} ({exc})") from None
-    raw = {k: v for k, v in raw.items() if k not in ("architectures", "kept_vocab", "embedding", "lm_head")}
+    from explorer.families.trimmed_draft import read_draft_files
+
+    raw, state, weights_file = read_draft_files(path)
     config = LlamaConfig(**raw)
     if config.vocab_size != target.config.vocab_size or config.hidden_size != target.config.hidden_size \
             or "kept_ids" not in state:

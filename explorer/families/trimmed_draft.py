@@ -84,14 +84,11 @@ def save_trimmed_draft(draft: TrimmedHeadDraft, out_dir: Path, dtype: torch.dtyp
     save_file(state, str(out_dir / "model.safetensors"))
 
 
-def load_trimmed_draft(path: Path, target: nn.Module, dtype: torch.dtype) -> TrimmedHeadDraft:
-    """Load a saved draft onto the target's device, sharing the target's embedding.
-
-    A missing, corrupt or mismatched file raises ExplorerError naming the file.
-    """
+def read_draft_files(path: Path) -> tuple[dict, dict, Path]:
+    """(Llama config without our own keys, tensors, the weights file) of a saved draft folder; a missing
+    or corrupt file raises ExplorerError naming it (shared by the trimmed draft and the EAGLE head)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
-    from transformers import LlamaConfig
 
     config_file, weights_file = path / "config.json", path / "model.safetensors"
     for f in (config_file, weights_file):
@@ -103,7 +100,18 @@ def load_trimmed_draft(path: Path, target: nn.Module, dtype: torch.dtype) -> Tri
     except (json.JSONDecodeError, SafetensorError, OSError) as exc:
         bad = config_file if isinstance(exc, json.JSONDecodeError) else weights_file
         raise ExplorerError(f"draft file is corrupt: {bad} ({exc})") from None
-    raw = {k: v for k, v in raw.items() if k not in ("architectures", "kept_vocab", "embedding")}
+    own = ("architectures", "kept_vocab", "embedding", "lm_head")
+    return {k: v for k, v in raw.items() if k not in own}, state, weights_file
+
+
+def load_trimmed_draft(path: Path, target: nn.Module, dtype: torch.dtype) -> TrimmedHeadDraft:
+    """Load a saved draft onto the target's device, sharing the target's embedding.
+
+    A missing, corrupt or mismatched file raises ExplorerError naming the file.
+    """
+    from transformers import LlamaConfig
+
+    raw, state, weights_file = read_draft_files(path)
     config = LlamaConfig(**raw)
     if config.vocab_size != target.config.vocab_size or "kept_ids" not in state:
         raise ExplorerError(f"draft file {weights_file} does not match the target (vocabulary "

@@ -96,3 +96,18 @@ def heldout_answers(work: Path, model, tok) -> list[dict]:
     return rows
 
 
+
+
+# --------------------------------------------------------------------------- one optimizer step
+def schedule_lr(opt, lr: float, step_in_run: int, frac: float) -> None:
+    """Linear warm-up over 20 steps, then cosine from ``lr`` to lr / 10 over the run's budget (frac 0 .. 1)."""
+    warm = min(1.0, (step_in_run + 1) / 20)
+    for g in opt.param_groups:
+        g["lr"] = lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def optimizer_step(opt, params, loss) -> None:
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 
@@ -17,6 +16,8 @@ from explorer.training.smollm2.common import (
     load_rows,
     load_target,
     log_event,
+    optimizer_step,
+    schedule_lr,
 )
 
 
@@ -201,16 +202,10 @@ def train_draft(work: Path, budget_min: float, layers: int = 4, keep_vocab: int 
             if elapsed > budget:
                 done = True
                 break
-            frac = elapsed / budget
-            warm = min(1.0, (step_in_run + 1) / 20)
-            for g in opt.param_groups:
-                g["lr"] = lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+            schedule_lr(opt, lr, step_in_run, elapsed / budget)
             logits, _ = draft.trimmed_logits(ids, attention_mask=mask, positions=positions)  # (N, K)
             loss = distill_topk_loss(logits, trim_index[top_ids], top_lp)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
+            optimizer_step(opt, params, loss)
             step_in_run += 1
             progress["steps"] += 1
             progress["tokens_seen"] += int(mask.sum())

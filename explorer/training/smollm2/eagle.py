@@ -12,7 +12,6 @@ last prompt token count. Budgeted, checkpointed every five minutes, resumable.
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 
@@ -20,7 +19,14 @@ import torch
 from tqdm import tqdm
 
 from explorer.errors import ExplorerError
-from explorer.training.smollm2.common import budget_seconds, heldout_answers, load_target, log_event
+from explorer.training.smollm2.common import (
+    budget_seconds,
+    heldout_answers,
+    load_target,
+    log_event,
+    optimizer_step,
+    schedule_lr,
+)
 from explorer.training.smollm2.draft import token_counts
 
 
@@ -205,16 +211,11 @@ def train_eagle(work: Path, budget_min: float, keep_vocab: int = 16384, depths: 
             if elapsed > budget:
                 done = True
                 break
-            warm = min(1.0, (step_in_run + 1) / 20)
-            for g in opt.param_groups:
-                g["lr"] = lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * elapsed / budget)))
+            schedule_lr(opt, lr, step_in_run, elapsed / budget)
             next_ids, feats, plens, lens = batch_tensors([pairs[i] for i in order[s:s + batch]])
             losses = depth_losses(head, next_ids, feats, plens, lens, depths, gen=gen)
             loss = sum(w * x for w, x in zip(weights, losses, strict=True)) / sum(weights)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
+            optimizer_step(opt, params, loss)
             step_in_run += 1
             progress["steps"] += 1
             progress["tokens_seen"] += int(sum(lens))
