@@ -6,7 +6,7 @@ embedding of the next token x_{i+1}, and predicts f_{i+1} with one decoder layer
 target's LM head, frozen and cut to the kept tokens (FR-Spec), turns that predicted feature into the
 distribution of x_{i+2} (the layer's output is the predicted feature itself: no final norm). To
 draft gamma tokens the head runs on its own predictions: the next step reads [embedding(drafted
-token), predicted feature]. Only the input projection and the layer are the head's own (4.1 M
+token), predicted feature]. Only the input projection and the layer are the head's own (4.2 M
 parameters for SmolLM2-135M); the embedding and LM head rows are the target's, shared, not stored.
 
 Outside the kept tokens the head's logits are -inf, so q = 0 there: a token it cannot propose is
