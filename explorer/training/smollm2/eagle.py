@@ -203,8 +203,13 @@ def train_eagle(work: Path, budget_min: float, keep_vocab: int = 16384, depths: 
     bar = tqdm(desc="eagle", total=int(budget), unit="s")
     done, step_in_run, last_save, last_eval = False, 0, time.time(), time.time()
     weights = [0.8 ** d for d in range(depths)]
+    def shard_count() -> int:
+        return len(list((work / "data").glob("shard_*.pt")))
+
+    shards = shard_count()
     while not done:
-        pairs = cached_features(work, target, bar=False)  # the data stage may still be adding shards
+        if shard_count() != shards:  # the data stage added shards since the last load: load them all again
+            shards, pairs = shard_count(), cached_features(work, target, bar=False)
         order = torch.randperm(len(pairs), generator=gen).tolist()
         for s in range(0, len(order), batch):
             elapsed = time.time() - start
