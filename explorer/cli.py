@@ -1,4 +1,4 @@
-"""``python -m explorer decode | audit | bench | loadtest | deploy-space`` (contract: docs/design.md).
+"""``python -m explorer decode | audit | bench | engine | loadtest | deploy-space`` (contract: docs/design.md).
 
 Bad input exits with status 2 and one clear line on stderr, never a traceback. The decoding flags are
 made from ``config.DecodeConfig`` (one flag per field, its help from ``config.OPTION_HELP``).
@@ -14,6 +14,7 @@ from dataclasses import fields
 
 from explorer.decoding.config import METHODS, DecodeConfig
 from explorer.decoding.flags import add_model_arguments, add_option_arguments, option_help
+from explorer.engine import commands as engine_commands
 from explorer.errors import ExplorerError
 from explorer.models import DEFAULT_PRESET
 
@@ -70,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     ds.add_argument("--dry-run", action="store_true", help="build and check the bundle only; upload nothing")
     ds.add_argument("--out", default=None, help="build the bundle in this folder (default: a temporary one)")
     ds.add_argument("--private", action="store_true", help="create the Space private")
+    e = sub.add_parser("engine", help="start, measure and cross-check a live vLLM server (engine mode)")
+    engine_commands.add_arguments(e, _Parser)
     b = sub.add_parser("bench", help="run a workload and print p50/p95/p99")
     from explorer.measure import bench_cli
 
@@ -168,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_audit_command(args)
         if args.command == "loadtest":
             return run_loadtest(args)
+        if args.command == "engine":
+            return engine_commands.run(args)
         if args.command == "deploy-space":
             from explorer.app.hosting import deploy_space
 

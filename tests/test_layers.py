@@ -11,9 +11,9 @@ LAYERS = [
     ("models", ["models", "families"]),
     ("decoding", ["decoding"]),
     ("api", ["decoding.api", "decoding.flags", "__init__"]),
-    ("measure and views", ["measure", "app.render", "app.plots"]),
+    ("measure and views", ["measure", "app.render", "app.plots", "engine"]),
     ("app", ["app", "measure.loadtest"]),
-    ("entry points", ["cli", "__main__", "train", "training"]),
+    ("entry points", ["cli", "__main__", "train", "training", "engine.commands"]),
 ]
 # Known upward imports, each made inside a function: a model family's own drafter returns a drafters.Draft.
 ALLOWED = {("families.eagle", "decoding.drafters"), ("families.gemma", "decoding.drafters")}

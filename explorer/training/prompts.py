@@ -89,6 +89,34 @@ PYTHON_TEMPLATES = [
 ]
 
 
+# A second round of wordings over the same topics (the data stage's prompts after the first round's ran out).
+GENERAL_TEMPLATES_2 = [
+    "What is {t}, and how does it work?",
+    "Describe {t} in two or three sentences.",
+    "List five key points about {t}.",
+    "Write a short story that involves {t}.",
+    "What is the history of {t}?",
+    "Compare {t} with something similar, and explain the difference.",
+    "What questions do children often ask about {t}? Answer two of them.",
+    "Give a beginner's guide to {t}.",
+    "Write a haiku about {t}, then explain it.",
+    "What would the world be like without {t}?",
+]
+
+PYTHON_TEMPLATES_2 = [
+    "Write a Python function that {t}, and add two unit tests.",
+    "Explain step by step how to write Python code that {t}.",
+    "Write a Python one-liner or a short function that {t}.",
+    "Write a Python function that {t}. Handle empty or invalid input.",
+    "Write a Python class with a method that {t}.",
+    "What is the most readable way in Python to write a function that {t}?",
+    "Write a Python function that {t}, and state its time complexity.",
+    "Write a Python script that {t} and prints the result for a sample input.",
+]
+
+ROUNDS = [(GENERAL_TEMPLATES, PYTHON_TEMPLATES), (GENERAL_TEMPLATES_2, PYTHON_TEMPLATES_2)]
+
+
 def _topics(blob: str) -> list[str]:
     return [t.strip() for t in blob.split("|") if t.strip()]
 
@@ -98,15 +126,24 @@ def is_heldout_topic(topic: str, every: int = 8) -> bool:
     return int(hashlib.sha1(topic.encode()).hexdigest(), 16) % every == 0
 
 
-def chat_prompts(split: str = "train", seed: int = 0) -> list[dict]:
-    """All prompts of a split, shuffled with a fixed seed: ``[{"id", "prompt", "kind"}]``."""
+def chat_prompts(split: str = "train", seed: int = 0, rounds: int = 1) -> list[dict]:
+    """All prompts of a split, shuffled with a fixed seed: ``[{"id", "prompt", "kind"}]``.
+
+    ``rounds`` > 1 appends the prompts of the later wordings (``ROUNDS``), each round shuffled on its own, so
+    the first round's order, and so every shard already made from it, stays as it was.
+    """
     if split not in ("train", "heldout"):
         raise ValueError(f"split must be 'train' or 'heldout', not {split!r}")
+    if not 1 <= rounds <= len(ROUNDS):
+        raise ValueError(f"rounds must be 1..{len(ROUNDS)}, not {rounds}")
     out = []
-    for kind, blob, templates in (("general", GENERAL_TOPICS, GENERAL_TEMPLATES),
-                                  ("python", PYTHON_TASKS, PYTHON_TEMPLATES)):
-        for topic, (i, template) in itertools.product(_topics(blob), enumerate(templates)):
-            if is_heldout_topic(topic) == (split == "heldout"):
-                out.append({"id": f"{kind}:{topic}:{i}", "prompt": template.format(t=topic), "kind": kind})
-    random.Random(seed).shuffle(out)
+    for r, (general, python) in enumerate(ROUNDS[:rounds]):
+        this = []
+        for kind, blob, templates in (("general", GENERAL_TOPICS, general), ("python", PYTHON_TASKS, python)):
+            for topic, (i, template) in itertools.product(_topics(blob), enumerate(templates)):
+                if is_heldout_topic(topic) == (split == "heldout"):
+                    tag = f"{i}" if r == 0 else f"r{r + 1}.{i}"
+                    this.append({"id": f"{kind}:{topic}:{tag}", "prompt": template.format(t=topic), "kind": kind})
+        random.Random(seed if r == 0 else seed * 1_000 + r).shuffle(this)
+        out += this
     return out

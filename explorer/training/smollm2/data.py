@@ -4,7 +4,6 @@ distillation data)."""
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 
@@ -53,12 +52,23 @@ class TopKRecorder:
         return scores
 
 
+def prompt_chunks(batch: int, seed: int = 0, rounds: int = 2) -> list[list[dict]]:
+    """The shards' prompts, in shard order: each round of wordings (``prompts.ROUNDS``) cut into batches of its
+    own, so adding a round appends shards and leaves every earlier shard as it was."""
+    chunks = []
+    for r in range(1, rounds + 1):
+        this = chat_prompts("train", seed=seed, rounds=r)[len(chat_prompts("train", seed=seed, rounds=r - 1))
+                                                          if r > 1 else 0:]
+        chunks += [this[i:i + batch] for i in range(0, len(this), batch)]
+    return chunks
+
+
 def generate_data(work: Path, budget_min: float, batch: int = 32, max_new: int = 256, seed: int = 0,
-                  part: int = 0, parts: int = 1) -> dict:
+                  part: int = 0, parts: int = 1, rounds: int = 2) -> dict:
     """Append shards of (prompt ids, answer ids, teacher top-k) until the budget or the prompts run out.
 
     The target's final hidden states along each prompt + answer are kept beside it (work/eagle/feats)
-    for the EAGLE head. Shard ``i`` holds prompts ``[i*batch, (i+1)*batch)`` of the fixed-order train split, so a run
+    for the EAGLE head. Shard ``i`` holds the ``i``-th batch of ``prompt_chunks`` (fixed order), so a run
     resumes at the first missing shard. Even shards are greedy, odd shards temperature 1.
     """
     budget = budget_seconds(budget_min)
@@ -66,15 +76,15 @@ def generate_data(work: Path, budget_min: float, batch: int = 32, max_new: int =
     data.mkdir(parents=True, exist_ok=True)
     model, tok = load_target(work)
     tok.padding_side = "left"
-    prompts = chat_prompts("train", seed=seed)
-    n_shards = math.ceil(len(prompts) / batch)
+    chunks = prompt_chunks(batch, seed, rounds)
+    n_shards = len(chunks)
     start, made, tokens = time.time(), 0, 0
     # ``parts`` processes can share the work: process ``part`` takes shard pairs (greedy, T=1) p, p+parts...
     todo = [i for i in range(n_shards)
             if (i // 2) % parts == part and not (data / f"shard_{i:05d}.pt").exists()]
     bar = tqdm(todo, desc="data (shards)")
     for i in bar:
-        chunk = prompts[i * batch:(i + 1) * batch]
+        chunk = chunks[i]
         enc = tok([chat_text(tok, p["prompt"]) for p in chunk], return_tensors="pt", padding=True)
         greedy = i % 2 == 0
         torch.manual_seed(seed * 100_003 + i)

