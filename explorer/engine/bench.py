@@ -99,7 +99,7 @@ async def _poll(url: str, into: list[float], stop: asyncio.Event, every_s: float
 
 async def run_config(target: Target, prompts: Sequence[Prompt], concurrency: int, repeats: int, max_tokens: int,
                      temperature: float, on_record: Callable[[RequestRecord], None] | None = None,
-                     poll_s: float = 0.5, ignore_eos: bool = False,
+                     poll_s: float = 0.1, ignore_eos: bool = False,
                      cancel: threading.Event | None = None) -> ConfigResult:
     """Every prompt ``repeats`` times, at most ``concurrency`` in flight; /metrics before and after."""
     result = ConfigResult(target.label, target.url, concurrency)
@@ -165,14 +165,18 @@ def check_concurrency(values: Sequence[int]) -> list[int]:
 def run_bench(targets: Sequence[Target], prompts: Sequence[Prompt], concurrencies: Sequence[int], repeats: int = 1,
               max_tokens: int = 64, temperature: float = 0.0, on_record: Callable[[RequestRecord], None] | None = None,
               on_config: Callable[[ConfigResult], None] | None = None, ignore_eos: bool = False,
-              cancel: threading.Event | None = None) -> EngineBench:
-    """Concurrency outer, servers inner (interleaved). Stops at the first server that stops answering."""
+              cancel: threading.Event | None = None, warmup: bool = True) -> EngineBench:
+    """Concurrency outer, servers inner (interleaved), after one unmeasured warm-up burst per server. Stops at the
+    first server that stops answering."""
     check_concurrency(concurrencies)
     if repeats < 1:
         raise ExplorerError(f"--repeats must be >= 1 (got {repeats})")
     if not prompts:
         raise ExplorerError("no prompts to send")
     bench = EngineBench()
+    for target in targets if warmup else ():  # compile and cache warm-up, at the largest batch, not measured
+        asyncio.run(run_config(target, prompts[:1], max(concurrencies), max(concurrencies), 8, temperature,
+                               poll_s=60.0))
     for c in concurrencies:
         for target in targets:
             result = asyncio.run(run_config(target, prompts, c, repeats, max_tokens, temperature, on_record,

@@ -35,10 +35,13 @@ def add_arguments(parser: argparse.ArgumentParser, make_sub) -> None:
     sp.add_argument("--all", action="store_true")
     b = sub.add_parser("bench", help="your prompts at each concurrency against a live server (spec on vs off)")
     b.add_argument("--url", default=None, help="an OpenAI-compatible server (default: the engine started here)")
-    b.add_argument("--compare", default=None, help="a second server, e.g. the same model with speculation off; "
-                                                   "its gain is reported against this one")
+    b.add_argument("--compare", action="append", default=[],
+                   help="another server, e.g. the same model with speculation off (repeatable); the servers run "
+                        "interleaved and each one's gain is reported against the one with speculation off (else the "
+                        "last --compare)")
     b.add_argument("--label", default=None, help="name of --url in tables (default: from the engine, else 'A')")
-    b.add_argument("--compare-label", default=None, help="name of --compare (default: from the engine, else 'B')")
+    b.add_argument("--compare-label", action="append", default=[],
+                   help="names of the --compare servers, in order (default: from the engine, else B, C, ...)")
     b.add_argument("--prompts", required=True, help="a file (one prompt a line, or JSONL) or a shipped set name")
     b.add_argument("--limit", type=int, default=None, help="use the first N prompts")
     b.add_argument("--concurrency", default="1,2,4,8,16", help="requests in flight, comma-separated")
@@ -48,8 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser, make_sub) -> None:
     b.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens tokens")
     b.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                    help="use /v1/chat/completions (default: on for an instruct preset started here)")
-    b.add_argument("--predict", default=None, help="also predict the gain from this preset's timed forward passes "
-                                                   "(default: the engine's preset, when started here)")
+    b.add_argument("--predict", default=None, help="predict each engine's gain from this preset's timed forward "
+                                                   "passes (default: the preset of each engine started here)")
     b.add_argument("--csv", default=None, help="write every request row here")
     b.add_argument("--report", default=None, help="write an HTML report here")
     b.add_argument("--json", action="store_true", help="print the summary rows as JSON")
@@ -129,15 +132,16 @@ def _bench(args: argparse.Namespace) -> int:
     engine = _engine_for(url)
     chat = args.chat if args.chat is not None else bool(engine and engine.chat)
     pairs = [(_label_of(url, args.label, "A"), url)]
-    if args.compare:
-        pairs.append((_label_of(args.compare, args.compare_label, "B"), args.compare))
+    for i, other in enumerate(args.compare):
+        given = args.compare_label[i] if i < len(args.compare_label) else None
+        pairs.append((_label_of(other, given, "BCDEFGH"[i % 7]), other))
     if len({label for label, _ in pairs}) < len(pairs):
-        raise ExplorerError("--url and --compare have the same label; set --label / --compare-label")
+        raise ExplorerError("two servers have the same label; set --label / --compare-label")
     targets = resolve_targets(pairs, chat)
     engines = {t.label: _engine_for(t.url) for t in targets}
     baseline = next((t.label for t in targets if engines[t.label] and engines[t.label].spec == "off"), None)
-    if baseline is None and len(targets) == 2:
-        baseline = targets[1].label  # --compare is the baseline unless the engines say otherwise
+    if baseline is None and len(targets) > 1:
+        baseline = targets[-1].label  # the last --compare, unless an engine started here says it runs spec off
 
     def progress(record) -> None:
         state = "ok" if record.error is None else f"error: {record.error}"
@@ -148,15 +152,7 @@ def _bench(args: argparse.Namespace) -> int:
     bench = run_bench(targets, prompts, concurrencies, args.repeats, args.max_tokens, args.temperature,
                       on_record=progress, ignore_eos=args.ignore_eos)
     rows = summary_rows(bench, baseline)
-    predicted = None
-    spec_engine = next((e for e in engines.values() if e and e.spec != "off"), None)
-    preset = args.predict or (spec_engine.preset if spec_engine else None)
-    alpha = next((r["acceptance"] for r in rows if r["concurrency"] == min(concurrencies)
-                  and isinstance(r.get("acceptance"), float)), None)
-    if preset and spec_engine and alpha is not None and not bench.error:
-        from explorer.engine.checks import predicted_gain
-
-        predicted = predicted_gain(preset, spec_engine.spec, spec_engine.gamma, alpha, concurrencies)
+    predicted = None if bench.error else _predictions(args.predict, engines, rows, min(concurrencies), concurrencies)
     if args.csv:
         write_csv(args.csv, bench)
         print(f"wrote {args.csv} ({len(bench.records)} requests)", file=sys.stderr)
@@ -180,6 +176,26 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _predictions(preset: str | None, engines: dict, rows: list[dict], c0: int, concurrencies: list[int]):
+    """For each engine started here with speculation on: the gain predicted from the explorer's timed forward
+    passes of its preset, with the acceptance /metrics measured at the lowest concurrency."""
+    import pandas as pd
+
+    from explorer.engine.checks import predicted_gain
+
+    frames = []
+    for label, engine in engines.items():
+        if engine is None or engine.spec == "off":
+            continue
+        alpha = next((r["acceptance"] for r in rows if r["label"] == label and r["concurrency"] == c0
+                      and isinstance(r.get("acceptance"), float)), None)
+        if alpha is not None:
+            frame = predicted_gain(preset or engine.preset, engine.spec, engine.gamma, alpha, concurrencies)
+            frame.insert(0, "label", label)
+            frames.append(frame)
+    return pd.concat(frames, ignore_index=True) if frames else None
+
+
 def _print_rows(rows, predicted) -> None:
     cols = [("label", "{}", 26), ("concurrency", "{}", 4), ("requests", "{}", 5), ("throughput_tok_s", "{:.1f}", 8),
             ("e2e_p50_ms", "{:.0f}", 7), ("e2e_p99_ms", "{:.0f}", 7), ("itl_p50_ms", "{:.1f}", 7),
@@ -199,8 +215,9 @@ def _print_rows(rows, predicted) -> None:
             cells.append(f"{cell[:width]:>{width}}")
         print("  ".join(cells))
     if predicted is not None:
-        print("predicted gain (explorer's cost model): "
-              + ", ".join(f"c={int(r.concurrency)}: {r.predicted_gain:.2f}x" for r in predicted.itertuples()))
+        for label, part in predicted.groupby("label", sort=False):
+            print(f"predicted gain of {label} (explorer's cost model, acceptance {part['alpha'].iloc[0]:.3f}): "
+                  + ", ".join(f"c={int(r.concurrency)}: {r.predicted_gain:.2f}x" for r in part.itertuples()))
 
 
 def _check(args: argparse.Namespace) -> int:

@@ -55,8 +55,12 @@ def gain_figure(summary: pd.DataFrame, predicted: pd.DataFrame | None = None) ->
                 fig.add_trace(go.Scatter(x=part["concurrency"], y=part["speedup_throughput"], mode="lines+markers",
                                          name=f"{label}: measured", line={"color": PALETTE[i % len(PALETTE)]}))
     if predicted is not None and len(predicted):
-        fig.add_trace(go.Scatter(x=predicted["concurrency"], y=predicted["predicted_gain"], mode="lines+markers",
-                                 name="predicted (explorer's cost model)", line={"color": "#888", "dash": "dot"}))
+        labels = _labels(summary)
+        for label, part in predicted.groupby("label", sort=False):
+            i = labels.index(label) if label in labels else len(labels)
+            fig.add_trace(go.Scatter(x=part["concurrency"], y=part["predicted_gain"], mode="lines+markers",
+                                     name=f"{label}: predicted", line={"color": PALETTE[i % len(PALETTE)],
+                                                                      "dash": "dot"}))
     fig.add_hline(y=1.0, line={"color": "#bbb", "width": 1})
     fig.update_xaxes(title="concurrency", type="log", dtick=math.log10(2))
     fig.update_yaxes(title="throughput, speculation on / off", rangemode="tozero")

@@ -202,7 +202,9 @@ def start_engine(preset: str = "tiny", spec: str = "ngram", gamma: int = 4, port
                          model_name)
     env = dict(os.environ)
     cores = os.cpu_count() or 1
-    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", threads or f"0-{cores - 1}")  # a CPU range, not "all"
+    if threads:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = threads  # a CPU range such as 0-1, or one core; not "all"
+    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{cores - 1}")
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
     env.setdefault("HF_HUB_OFFLINE", "1")

@@ -30,6 +30,7 @@ SHIPPED = {
     "prose": "prose.txt",  # English sentence beginnings
     "multilingual": "multilingual.txt",  # German, French, Spanish sentence beginnings
     "high_temperature": "high_temperature.jsonl",  # a temperature per prompt (0.8-1.5)
+    "chat": "chat.txt",  # instructions on held-out topics (the smollm2-135m preset's own kind of prompt)
 }
 MAX_PROMPTS = 1000
 MAX_FILE_BYTES = 20_000_000

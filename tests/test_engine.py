@@ -1,0 +1,209 @@
+"""Engine mode against real servers on loopback: vLLM (n-gram and draft-model speculation, tiny preset) started
+by the session fixtures in conftest.py, and a small OpenAI-compatible server that is not vLLM."""
+
+import csv
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+import explorer
+from explorer.cli import main
+from explorer.engine.bench import Target, resolve_targets, run_bench, summary_rows, write_csv
+from explorer.engine.checks import acceptance_check, greedy_check
+from explorer.engine.client import run_one
+from explorer.engine.metrics import parse_metrics, scrape
+from explorer.engine.report import write_bench_report
+from explorer.errors import ExplorerError
+from explorer.measure.workload import Prompt
+
+HERE = Path(__file__).resolve().parent
+PROMPTS = [Prompt("p1", "def parse(line):"), Prompt("p2", "class Stack:"), Prompt("p3", "import os\n\ndef main():")]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return explorer.load_models("tiny")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_plain_server(delay_s: float = 0.0) -> tuple[subprocess.Popen, str]:
+    """The non-vLLM server (tests/openai_like_server.py), healthy."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent)}
+    proc = subprocess.Popen([sys.executable, str(HERE / "openai_like_server.py"), str(port), str(delay_s)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError("the plain server did not start")
+
+
+# ---------------------------------------------------------------------------------------------
+# client and metrics
+
+def test_stream_is_timestamped_and_bursts_are_engine_steps(vllm_ngram):
+    record = run_one(vllm_ngram, "import os\n\ndef main():", max_tokens=40, ignore_eos=True)
+    assert record.error is None and record.token_counts == "usage"
+    assert record.tokens == 40 and record.finish_reason == "length"
+    times = [c.t for c in record.chunks]
+    assert times == sorted(times) and 0 < record.ttft_s <= record.e2e_s
+    assert max(record.bursts) > 1  # the n-gram drafts of a looping text are accepted: several tokens a step
+    assert record.inferred_accepted == sum(record.bursts) - len(record.bursts)
+    assert record.tokens == 1 + sum(record.bursts)
+
+
+def test_metrics_parser_reads_the_spec_counters(vllm_ngram):
+    before = scrape(vllm_ngram)
+    assert before is not None and before.is_vllm and before.spec is not None
+    assert set(before.spec.per_position) == {0, 1, 2, 3}  # gamma 4
+    run_one(vllm_ngram, "class Stack:", max_tokens=24, ignore_eos=True)
+    spec = scrape(vllm_ngram).spec.minus(before.spec)
+    assert spec.drafts > 0 and 0 <= spec.accepted <= spec.draft_tokens
+    positions = spec.position_acceptance()
+    assert positions == sorted(positions, reverse=True)  # position i+1 is accepted only after position i
+
+
+def test_metrics_parser_on_text():
+    text = ('# HELP vllm:spec_decode_num_drafts_total x\n# TYPE vllm:spec_decode_num_drafts_total counter\n'
+            'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10.0\n'
+            '# HELP vllm:spec_decode_num_draft_tokens_total x\n# TYPE vllm:spec_decode_num_draft_tokens_total counter\n'
+            'vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 40.0\n'
+            '# HELP vllm:spec_decode_num_accepted_tokens_total x\n'
+            '# TYPE vllm:spec_decode_num_accepted_tokens_total counter\n'
+            'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 15.0\n'
+            '# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total x\n'
+            '# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter\n'
+            'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 8.0\n'
+            'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 7.0\n'
+            '# HELP vllm:num_requests_running x\n# TYPE vllm:num_requests_running gauge\n'
+            'vllm:num_requests_running{engine="0",model_name="m"} 3.0\n')
+    snap = parse_metrics(text)
+    assert snap.running == 3.0 and snap.spec.acceptance == 15 / 40 and snap.spec.tokens_per_step == 2.5
+    assert snap.spec.position_acceptance() == [0.8, 0.7]
+    assert parse_metrics("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n").spec is None
+
+
+# ---------------------------------------------------------------------------------------------
+# cross-checks: an independent engine as the reference
+
+@pytest.mark.parametrize("which", ["vllm_ngram", "vllm_draft"])
+def test_engine_greedy_equals_the_explorers_greedy(which, tiny, request):
+    url = request.getfixturevalue(which)
+    for prompt in ("def parse(line):", "class Stack:"):
+        check = greedy_check(url, tiny, prompt, max_tokens=48)
+        assert len(check.explorer_ids) == 48
+        assert check.equal, f"{prompt!r}: first difference at token {check.first_difference}"
+
+
+@pytest.mark.parametrize("which", ["vllm_ngram", "vllm_draft"])
+def test_acceptance_from_metrics_agrees_with_the_stream(which, tiny, request):
+    url = request.getfixturevalue(which)
+    ids = list(tiny.tokenizer("def parse(line):")["input_ids"])
+    for max_tokens in range(20, 26):  # some of these end inside a multi-token step: the check must cut there
+        check = acceptance_check(url, ids, max_tokens=max_tokens)
+        assert check is not None and check.same_steps
+        assert check.accepted_inferred > 0
+        assert check.accepted_metrics == check.accepted_inferred, max_tokens
+
+
+# ---------------------------------------------------------------------------------------------
+# workloads
+
+def test_workload_at_concurrency_1_and_4(vllm_ngram, vllm_draft, tmp_path):
+    targets = resolve_targets([("ngram", vllm_ngram), ("draft", vllm_draft)])
+    seen = []
+    bench = run_bench(targets, PROMPTS, [1, 4], repeats=2, max_tokens=24, on_record=seen.append, ignore_eos=True)
+    assert bench.error is None and len(bench.records) == len(seen) == 2 * 2 * 3 * 2
+    order = [(c.concurrency, c.label) for c in bench.configs]
+    assert order == [(1, "ngram"), (1, "draft"), (4, "ngram"), (4, "draft")]  # interleaved
+    rows = summary_rows(bench, baseline="ngram")
+    for row in rows:
+        assert row["errors"] == 0 and row["tokens"] == 6 * 24
+        assert row["e2e_p50_ms"] <= row["e2e_p99_ms"] and row["ttft_p99_ms"] <= row["e2e_p99_ms"]
+        assert 0 < row["acceptance"] <= 1 and row["tokens_per_step"] >= 1
+        assert row["throughput_tok_s"] > 0
+    by = {(r["label"], r["concurrency"]): r for r in rows}
+    assert by[("ngram", 1)]["max_running"] <= 1
+    assert by[("ngram", 4)]["max_running"] >= 2  # the engine really batched the requests
+    assert "speedup_throughput" in by[("draft", 4)] and "speedup_throughput" not in by[("ngram", 4)]
+    write_csv(tmp_path / "rows.csv", bench)
+    with open(tmp_path / "rows.csv") as fh:
+        assert len(list(csv.DictReader(fh))) == 24
+    page = write_bench_report(tmp_path / "r.html", bench, {"x": "y"}, baseline="ngram").read_text()
+    assert "p50 and p99 against concurrency" in page and "speculation's gain" in page
+
+
+def test_engine_bench_cli(vllm_ngram, tmp_path, capsys):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("def parse(line):\nclass Stack:\n")
+    code = main(["engine", "bench", "--url", vllm_ngram, "--prompts", str(prompts), "--concurrency", "1,2",
+                 "--max-tokens", "16", "--csv", str(tmp_path / "o.csv"), "--report", str(tmp_path / "o.html")])
+    out = capsys.readouterr().out
+    assert code == 0 and "tok/s" in out and (tmp_path / "o.csv").exists() and (tmp_path / "o.html").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# faults
+
+def test_nothing_listening_is_one_clear_error(capsys):
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(ExplorerError, match="nothing answers at"):
+        resolve_targets([("x", url)])
+    assert main(["engine", "bench", "--url", url, "--prompts", "code"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: nothing answers at") and "Traceback" not in err
+
+
+def test_a_server_that_is_not_vllm():
+    proc, url = start_plain_server()
+    try:
+        assert scrape(url) is None  # no /metrics
+        targets = resolve_targets([("plain", url)])
+        bench = run_bench(targets, PROMPTS[:2], [1], max_tokens=8)
+        row = summary_rows(bench)[0]
+        assert bench.error is None and row["errors"] == 0 and row["tokens"] == 16
+        assert row["acceptance"] == "unavailable" and row["e2e_p99_ms"] > 0
+        assert all(r.token_counts == "chunks" for r in bench.records)
+    finally:
+        proc.kill()
+
+
+def test_a_server_killed_mid_workload_keeps_the_rows(tmp_path):
+    proc, url = start_plain_server(delay_s=0.05)
+    targets = [Target("plain", url, "explorer-tiny")]
+    done = []
+
+    def kill_after_two(record):
+        done.append(record)
+        if len(done) == 2:
+            proc.kill()
+
+    try:
+        prompts = [Prompt(f"p{i}", "def parse(line):") for i in range(8)]
+        bench = run_bench(targets, prompts, [1, 2], max_tokens=8, on_record=kill_after_two)
+    finally:
+        proc.kill()
+    assert bench.error is not None and "stopped answering" in bench.error
+    assert len(bench.configs) == 1  # the run ended at the config the server died in
+    ok = [r for r in bench.records if r.error is None]
+    assert len(ok) == 2 and all(r.tokens == 8 for r in ok)
+    path = write_csv(tmp_path / "rows.csv", bench)
+    rows = list(csv.DictReader(path.open()))
+    assert len(rows) == len(bench.records) and [r["ok"] for r in rows[:2]] == ["True", "True"]
