@@ -46,19 +46,19 @@ def test_plots_and_table_update_while_the_workload_runs(vllm_ngram):
     *running, final = outs
     live = [o for o in running if not isinstance(o[1], dict) and 0 < finished(o[0]) < 8]
     assert live, "no plot was redrawn before the workload ended"
-    figure, table = live[0][1], live[0][4]
+    figure, table = live[0][1], live[0][5]
     dots = sum(len(trace.x) for trace in figure.data)
     assert dots == finished(live[0][0]) < 8  # one dot per finished request, drawn before the last one finished
     assert "running" in set(table["state"])
     gaps = [b - a for a, b in zip(stamps[:-2], stamps[1:-1], strict=True)]
     assert all(g >= engine_tab.POLL_S * 0.9 for g in gaps), f"yields faster than every {engine_tab.POLL_S} s: {gaps}"
     assert final[0].startswith("Done: 8 requests")
-    acceptance, latency, itl, table = final[1:]
+    acceptance, latency, itl, throughput, table = final[1:]
     assert sum(len(trace.x) for trace in acceptance.data) == 8
-    assert list(table["c"]) == [1, 2] and set(table["state"]) == {"done"} and list(table["requests"]) == [4, 4]
-    assert all(cell.endswith("%") for cell in table["acceptance (/metrics)"])  # ngram: /metrics counts drafts
+    assert list(table["c"]) == [1, 2] and set(table["state"]) == {"done"} and list(table["n"]) == [4, 4]
+    assert all(cell.endswith("%") for cell in table["acceptance"])  # ngram: /metrics counts drafts
     assert len(latency.data) == 2 and list(latency.data[0].x) == [1, 2]  # p50 and p99 at each concurrency
-    assert "ITL" in itl.layout.title.text and len(itl.data) == 2
+    assert "ITL" in itl.layout.title.text and len(itl.data) == 2 and list(throughput.data[0].x) == [1, 2]
 
 
 def test_stop_ends_the_workload_and_keeps_what_finished(vllm_ngram):
@@ -70,7 +70,7 @@ def test_stop_ends_the_workload_and_keeps_what_finished(vllm_ngram):
     final = outs[-1]
     n = int(re.match(r"Stopped: (\d+) of 12 requests", final[0]).group(1))
     assert 1 <= n < 12
-    assert list(final[4]["requests"]) == [n]
+    assert list(final[5]["n"]) == [n]
     assert engine_tab._CANCELS == {}
 
 
@@ -129,7 +129,7 @@ def test_the_tab_answers_through_the_api_and_keeps_serving(app_url, vllm_ngram, 
     client = Client(app_url, verbose=False)
     status, *_ = client.predict(dead_url, "", PROMPTS, "1", 1, 8, 0.0, False, api_name="/engine_workload")
     assert "nothing answers at" in status
-    status, _, _, _, table = client.predict(vllm_ngram, "", "def f(x):", "1", 1, 8, 0.0, False,
+    status, *_, table = client.predict(vllm_ngram, "", "def f(x):", "1", 1, 8, 0.0, False,
                                             api_name="/engine_workload")
     assert status.startswith("Done: 1 request in") and table["data"][0][3] == 1
 

@@ -28,7 +28,7 @@ from explorer.app.playback import playback_times, speed_words
 from explorer.decoding.config import validate_prompt
 from explorer.engine.bench import ConfigResult, EngineBench, Target, resolve_targets, run_bench, summary_rows
 from explorer.engine.client import RequestRecord, run_one, served_model
-from explorer.engine.report import acceptance_over_time_figure, latency_figure
+from explorer.engine.report import acceptance_over_time_figure, latency_figure, throughput_figure
 from explorer.engine.server import ENGINE_PRESETS, EngineState, default_url, running_engines
 from explorer.errors import ExplorerError
 from explorer.measure.workload import Prompt, parse_prompts
@@ -45,10 +45,9 @@ DEFAULT_PROMPTS = "\n".join([
 DRAFTER_FOR_SPEC = {"ngram": "prompt_lookup", "draft": "model"}  # vLLM's method -> the explorer's drafter
 NO_ENGINE = ("No engine started here: run `python -m explorer engine start` in a shell, or give the URL of your "
              "own vLLM server.")
-WORKLOAD_OUTPUTS = ("status", "acceptance", "latency", "itl", "table")
-TABLE_COLUMNS = ["server", "c", "state", "requests", "errors", "tok/s", "e2e p50 ms", "e2e p99 ms", "ITL p50 ms",
-                 "ITL p99 ms", "TTFT p99 ms", "batch", "tokens/step (stream)", "acceptance (/metrics)",
-                 "gain vs compare"]
+WORKLOAD_OUTPUTS = ("status", "acceptance", "latency", "itl", "throughput", "table")
+TABLE_COLUMNS = ["server", "c", "state", "n", "errors", "tok/s", "e2e p50", "e2e p99", "ITL p50", "ITL p99",
+                 "TTFT p99", "batch", "tok/step", "acceptance", "gain"]
 _CANCELS: dict[str, threading.Event] = {}  # session -> the Stop of its running workload
 
 
@@ -232,9 +231,20 @@ def _figures(live: _Live, targets: list[Target], baseline: str | None) -> tuple:
     bench, running = _live_bench(live, targets)
     rows = summary_rows(bench, baseline)
     frame = pd.DataFrame(rows)
-    return (acceptance_over_time_figure(bench.records), latency_figure(frame, "e2e"),
-            latency_figure(frame, "itl", "inter-chunk latency (ITL): p50 and p99 against concurrency"),
-            workload_table(rows, running))
+    return (*workload_figures(bench.records, frame), workload_table(rows, running))
+
+
+def workload_figures(records: list[RequestRecord] | None = None, summary: pd.DataFrame | None = None) -> tuple:
+    """Acceptance over time, e2e and ITL p50/p99, throughput: the report's figures, titled to fit half a page."""
+    summary = pd.DataFrame() if summary is None else summary
+    acceptance = acceptance_over_time_figure(records or [])
+    acceptance.update_layout(title="Acceptance over time: tokens per engine step")
+    acceptance.update_yaxes(title="tokens per step (stream)")
+    figures = (acceptance, latency_figure(summary, "e2e", "End-to-end latency: p50, p99"),
+               latency_figure(summary, "itl", "Inter-chunk latency (ITL): p50, p99"), throughput_figure(summary))
+    for fig in figures:  # room for the legend under the axis title
+        fig.update_layout(height=420, margin={"b": 120}, legend={"y": -0.45})
+    return figures
 
 
 def _num(value: Any, fmt: str = "{:.0f}") -> str:
@@ -252,17 +262,16 @@ def workload_table(rows: list[dict[str, Any]], running: set[tuple[str, int]] = f
         live = (r["label"], r["concurrency"]) in running
         acceptance = r.get("acceptance")
         if live:
-            acceptance = "when the config ends"
+            acceptance = "at the end"
         elif isinstance(acceptance, float):
             acceptance = _num(acceptance * 100, "{:.0f}%")
         out.append({"server": r["label"], "c": r["concurrency"], "state": "running" if live else "done",
-                    "requests": r["requests"], "errors": r["errors"], "tok/s": _num(r["throughput_tok_s"], "{:.1f}"),
-                    "e2e p50 ms": _num(r["e2e_p50_ms"]), "e2e p99 ms": _num(r["e2e_p99_ms"]),
-                    "ITL p50 ms": _num(r["itl_p50_ms"], "{:.1f}"), "ITL p99 ms": _num(r["itl_p99_ms"], "{:.1f}"),
-                    "TTFT p99 ms": _num(r["ttft_p99_ms"]), "batch": _num(r["mean_running"], "{:.1f}"),
-                    "tokens/step (stream)": _num(r["tokens_per_chunk_inferred"], "{:.2f}"),
-                    "acceptance (/metrics)": acceptance,
-                    "gain vs compare": _num(r.get("speedup_throughput"), "{:.2f}×")})
+                    "n": r["requests"], "errors": r["errors"], "tok/s": _num(r["throughput_tok_s"], "{:.1f}"),
+                    "e2e p50": _num(r["e2e_p50_ms"]), "e2e p99": _num(r["e2e_p99_ms"]),
+                    "ITL p50": _num(r["itl_p50_ms"], "{:.1f}"), "ITL p99": _num(r["itl_p99_ms"], "{:.1f}"),
+                    "TTFT p99": _num(r["ttft_p99_ms"]), "batch": _num(r["mean_running"], "{:.1f}"),
+                    "tok/step": _num(r["tokens_per_chunk_inferred"], "{:.2f}"), "acceptance": acceptance,
+                    "gain": _num(r.get("speedup_throughput"), "{:.2f}×")})
     return pd.DataFrame(out, columns=TABLE_COLUMNS)
 
 
@@ -429,16 +438,16 @@ def build_engine_tab(demo: gr.Blocks, speed: Any) -> None:
                 run = gr.Button("▶ Run workload", variant="primary", elem_id="engine-run")
                 stop = gr.Button("■ Stop", variant="stop", elem_id="engine-stop")
     status = gr.Markdown(NO_ENGINE, elem_id="engine-status")
-    with gr.Row():
-        acceptance = gr.Plot(acceptance_over_time_figure([]), label="acceptance over time",
-                             elem_classes=["explorer-plot"], elem_id="engine-acceptance")
-        latency = gr.Plot(latency_figure(pd.DataFrame()), label="end-to-end latency", elem_classes=["explorer-plot"],
-                          elem_id="engine-latency")
-    with gr.Row():
-        itl = gr.Plot(latency_figure(pd.DataFrame(), "itl"), label="ITL", elem_classes=["explorer-plot"],
-                      elem_id="engine-itl")
-    table = gr.Dataframe(workload_table([]), label="Per server and concurrency (running rows: finished requests so "
-                         "far)", interactive=False, wrap=True, elem_id="engine-table")
+    figures, plots = dict(zip(WORKLOAD_OUTPUTS[1:5], workload_figures(), strict=True)), []
+    for pair in (WORKLOAD_OUTPUTS[1:3], WORKLOAD_OUTPUTS[3:5]):
+        with gr.Row():
+            plots += [gr.Plot(figures[name], label=name, elem_classes=["explorer-plot"], elem_id=f"engine-{name}")
+                      for name in pair]
+    table = gr.Dataframe(workload_table([]), label="Per server and concurrency: latencies in ms; tok/step inferred "
+                         "from the stream, acceptance from /metrics; a running row covers its finished requests",
+                         interactive=False, wrap=True, elem_id="engine-table",
+                         column_widths=["15%", "4%", "7%", "4%", "6%", "6%", "6%", "6%", "6%", "6%", "6%", "6%", "7%",
+                                        "9%", "6%"])
     gr.Markdown("### Compare one request\nThe engine streams it; the explorer decodes it with its own speculative "
                 "decoder (same preset, drafter and γ as the engine where it knows them). Then both play on one "
                 "clock, paced by the sidebar's Playback.")
@@ -450,7 +459,7 @@ def build_engine_tab(demo: gr.Blocks, speed: Any) -> None:
 
     slot = {"concurrency_id": "engine", "concurrency_limit": 1}
     run.click(run_workload, [url, compare, prompts, concurrency, repeats, max_tokens, temperature, chat],
-                     [status, acceptance, latency, itl, table], api_name="engine_workload",
+                     [status, *plots, table], api_name="engine_workload",
                      show_progress="hidden", **slot)
     stop.click(stop_workload, None, None, queue=False, api_visibility="undocumented")
     one_run.click(compare_one, [url, one_prompt, max_tokens, temperature, chat, speed], [frame, one_status],
