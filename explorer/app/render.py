@@ -313,6 +313,42 @@ def lane_html(view: LaneView) -> str:
             f'{note}{progress}<div class="lane-body"><div class="lane-inner">{prompt}{body}</div></div></section>')
 
 
+def burst_lane_html(title: str, detail: str, prompt: str, steps: Sequence[tuple[int, Sequence[str]]],
+                    clock_s: float, status: str, note: str = "") -> str:
+    """A streamed request as a lane (an engine's): one box per chunk, that is per engine step. ``steps`` holds
+    (tokens, pieces) per chunk: one piece per token when a tokenizer split them, else the chunk's text as one.
+    The stream shows only how many tokens a step added, so a step of k tokens reads as k − 1 accepted drafts
+    and then the target's own token (a correction or a bonus: the stream does not say which); the first chunk
+    is the prefill's token."""
+    if status not in STATUSES:
+        raise ValueError(f"unknown lane status {status!r}")
+    boxes = []
+    for i, (k, pieces) in enumerate(steps):
+        what = "the prefill's token" if i == 0 else f"{k - 1} draft(s) accepted, inferred from the stream"
+        if len(pieces) == k:
+            chips = [_chip(p, "accepted", f"step {i + 1}: draft {j + 1} accepted (inferred from the stream)")
+                     for j, p in enumerate(pieces[:-1])]
+            chips.append(_chip(pieces[-1], "target", f"step {i + 1}: the target's own token"))
+        else:
+            chips = [_chip("".join(pieces), "accepted" if k > 1 else "target", f"step {i + 1}: {k} token(s)")]
+        boxes.append(_step_box(chips, [], f"engine step {i + 1}: {k} token(s), {what}"))
+    if boxes:
+        boxes[-1] = boxes[-1].replace('<span class="step', '<span class="step last', 1)
+    tokens = sum(k for k, _ in steps)
+    accepted = sum(k - 1 for k, _ in steps[1:])
+    per_step = f"{tokens / len(steps):.2f}" if steps else "–"
+    bits = [f'<span class="clock" title="time since the request was sent">clock {clock_s:.3f} s</span>',
+            f"<span>{len(steps)} engine steps</span>", f"<span>{per_step} tokens/step</span>",
+            f"<span>{tokens} tokens</span>", f"<span>{accepted} drafts accepted (inferred)</span>"]
+    head = (f'<div class="lane-head"><div class="lane-title">{html.escape(title)} <span class="detail">'
+            f'{html.escape(detail)}</span> <span class="status">{STATUS_TEXT[status]}</span></div>'
+            f'<div class="lane-stats">{" · ".join(bits)}</div></div>')
+    note = f'<div class="note">{html.escape(note)}</div>' if note else ""
+    return (f'<section class="lane lane-engine" data-lane="engine" data-status="{status}" data-tokens="{tokens}" '
+            f'data-steps="{len(steps)}">{head}{note}<div class="lane-body"><div class="lane-inner">'
+            f'{_prompt_html(prompt)}{"".join(boxes)}</div></div></section>')
+
+
 def lanes_html(lanes: Sequence[str], methods: Sequence[str], caption: str = "", narration: str = "",
                below: str = "") -> str:
     """Lanes side by side (one column each) under the legend; the narration beside them; ``below``

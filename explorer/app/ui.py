@@ -1,8 +1,9 @@
 """The Gradio page: Blocks layout and event wiring only; ``build_demo(default_preset=...)`` builds it.
 
 Everything else lives beside it: the controls' values (lane_settings.Settings), the Run handler and its notes
-(handlers), the measure tab (measure_tab), the two-phase playback and the race replay (playback), frames
-(render, narration, live_plots), figures (plots), the page's prose, style and scripts (page, text/*.md).
+(handlers), the measure tab (measure_tab), the engine tab (engine_tab, with its own layout: imported only where it
+is shown), the two-phase playback and the race replay (playback), frames (render, narration, live_plots), figures
+(plots), the page's prose, style and scripts (page, text/*.md).
 """
 
 from __future__ import annotations
@@ -278,6 +279,11 @@ def build_demo(default_preset: str = DEFAULT_PRESET) -> gr.Blocks:
                 _build_plots(c)
             with gr.Tab("Measure: percentiles and workloads"):
                 _build_measure(c)
+            if not hosting.on_space():  # a public Space must not fetch URLs its visitors type; its bundle has no engine
+                from explorer.app.engine_tab import build_engine_tab
+
+                with gr.Tab("Engine: a live vLLM server"):
+                    build_engine_tab(demo, c.speed)
             with gr.Tab("How it works"):
                 gr.Markdown(read_text("how_it_works.md"),
                             latex_delimiters=[{"left": "$$", "right": "$$", "display": True},

@@ -1,0 +1,468 @@
+"""The Engine tab: a live vLLM server (``python -m explorer engine start``, or your own) under a workload, with
+plots that follow it, and one request's bursts next to the explorer's own speculative lane on one clock.
+
+The workload runs in a worker thread (engine.bench.run_bench); the handler polls what it has finished and
+redraws at most every POLL_S, so the page follows the run, and Stop (a per-session threading.Event) ends it
+after the requests in flight. Bad input and a server that does not answer end in one status line, never an
+exception: the page keeps serving. Layout and wiring live here too, so ui.py imports the engine only where the
+tab is shown (not on a Space).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+
+import explorer
+from explorer.app import narration, render
+from explorer.app.lane_settings import load_preset
+from explorer.app.page import STYLE, read_text
+from explorer.app.playback import playback_times, speed_words
+from explorer.decoding.config import validate_prompt
+from explorer.engine.bench import ConfigResult, EngineBench, Target, resolve_targets, run_bench, summary_rows
+from explorer.engine.client import RequestRecord, run_one, served_model
+from explorer.engine.report import acceptance_over_time_figure, latency_figure, throughput_figure
+from explorer.engine.server import ENGINE_PRESETS, EngineState, default_url, running_engines
+from explorer.errors import ExplorerError
+from explorer.measure.workload import Prompt, parse_prompts
+
+POLL_S = 0.25  # the workload's plots and status redraw at most 4 times a second
+MAX_CONCURRENCY, MAX_REQUESTS, MAX_PROMPTS = 64, 2000, 200  # one click cannot queue hours of work
+DEFAULT_PROMPTS = "\n".join([
+    "def read_config(path):",
+    "class Stack:",
+    "Write a Python function that checks whether a number is prime.",
+    "Explain what a hash table is in two sentences.",
+    "for i in range(10):",
+])
+DRAFTER_FOR_SPEC = {"ngram": "prompt_lookup", "draft": "model"}  # vLLM's method -> the explorer's drafter
+NO_ENGINE = ("No engine started here: run `python -m explorer engine start` in a shell, or give the URL of your "
+             "own vLLM server.")
+WORKLOAD_OUTPUTS = ("status", "acceptance", "latency", "itl", "throughput", "table")
+TABLE_COLUMNS = ["server", "c", "state", "n", "errors", "tok/s", "e2e p50", "e2e p99", "ITL p50", "ITL p99",
+                 "TTFT p99", "batch", "tok/step", "acceptance", "gain"]
+_CANCELS: dict[str, threading.Event] = {}  # session -> the Stop of its running workload
+
+
+# ----------------------------------------------------------------------------------------------
+# which server, under which name
+
+def _engine_at(url: str) -> EngineState | None:
+    return next((e for e in running_engines() if e.url.rstrip("/") == url.rstrip("/")), None)
+
+
+def engine_defaults() -> tuple[str, bool, str]:
+    """URL, chat and status at page load: the engine ``engine start`` launched, if one runs now."""
+    url = default_url()
+    if url is None:
+        return "", False, NO_ENGINE
+    engine = _engine_at(url)
+    return url, bool(engine and engine.chat), f"Engine found: {_label(url, url)} at {url}."
+
+
+def chat_for(url: str) -> Any:
+    """An instruct preset started here gets chat requests; any other URL keeps the checkbox as it is."""
+    engine = _engine_at(url or "")
+    return gr.update(value=engine.chat) if engine else gr.skip()
+
+
+def _label(url: str, fallback: str) -> str:
+    engine = _engine_at(url)
+    if engine is None:
+        return fallback
+    return f"{engine.preset} spec={engine.spec}" + (f" γ={engine.gamma}" if engine.gamma else "")
+
+
+def _check_url(url: str | None, what: str = "the engine URL") -> str:
+    url = (url or "").strip()
+    if not url:
+        raise ExplorerError(f"{what} is empty; start one with `python -m explorer engine start` or give the URL "
+                            "of your vLLM server (http://host:port)")
+    if not url.startswith(("http://", "https://")):
+        raise ExplorerError(f"{what} must start with http:// or https:// (got {url!r})")
+    return url.rstrip("/")
+
+
+def parse_concurrency(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in (text or "").replace(" ", "").split(",") if x]
+    except ValueError:
+        raise ExplorerError(f"concurrency: comma-separated whole numbers such as 1,2,4 (got {text!r})") from None
+    if not values or any(not 1 <= c <= MAX_CONCURRENCY for c in values):
+        raise ExplorerError(f"concurrency values must be in 1..{MAX_CONCURRENCY} (got {text!r})")
+    return values
+
+
+def _parse_prompts(text: str) -> list[Prompt]:
+    if not (text or "").strip():
+        raise ExplorerError("the prompts box is empty: one prompt a line (or JSONL with a \"prompt\" field)")
+    prompts = parse_prompts(text, "the prompts box")
+    if len(prompts) > MAX_PROMPTS:
+        raise ExplorerError(f"{len(prompts)} prompts; the tab takes at most {MAX_PROMPTS}")
+    return prompts
+
+
+def prepare_workload(url: str, compare: str, prompts_text: str, concurrency: str, repeats: int, max_tokens: int,
+                     chat: bool) -> tuple[list[Target], list[Prompt], list[int], str | None]:
+    """Every input checked and every server asked for its model before anything is sent (one ExplorerError)."""
+    pairs = [(_label(_check_url(url), "server"), _check_url(url))]
+    if (compare or "").strip():
+        other = _check_url(compare, "the compare URL")
+        label = _label(other, "compare")
+        pairs.append((label if label != pairs[0][0] else f"{label} ({other})", other))
+    prompts, concurrencies = _parse_prompts(prompts_text), parse_concurrency(concurrency)
+    if int(repeats) < 1 or int(max_tokens) < 1:
+        raise ExplorerError("repeats and max tokens must be at least 1")
+    total = len(prompts) * int(repeats) * len(concurrencies) * len(pairs)
+    if total > MAX_REQUESTS:
+        raise ExplorerError(f"{total} requests asked for (prompts × repeats × concurrencies × servers); the tab sends "
+                            f"at most {MAX_REQUESTS}: `python -m explorer engine bench` has no limit")
+    targets = resolve_targets(pairs, bool(chat))
+    return targets, prompts, concurrencies, (pairs[1][0] if len(pairs) > 1 else None)
+
+
+# ----------------------------------------------------------------------------------------------
+# the workload, live
+
+@dataclass
+class _Live:
+    """What the worker has finished so far: appended from its thread, read by the handler."""
+
+    records: list[RequestRecord] = field(default_factory=list)
+    configs: list[ConfigResult] = field(default_factory=list)
+    bench: EngineBench | None = None
+    error: str | None = None
+
+
+def _work(live: _Live, targets: list[Target], prompts: list[Prompt], concurrencies: list[int], repeats: int,
+          max_tokens: int, temperature: float, cancel: threading.Event) -> None:
+    try:
+        live.bench = run_bench(targets, prompts, concurrencies, repeats, max_tokens, temperature,
+                               on_record=live.records.append, on_config=live.configs.append, cancel=cancel)
+    except Exception as exc:  # reported in the status line by the handler
+        live.error = str(exc) if isinstance(exc, ExplorerError) else f"{type(exc).__name__}: {exc}"
+
+
+def _session(request: gr.Request | None) -> str:
+    return getattr(request, "session_hash", None) or ""
+
+
+def stop_workload(request: gr.Request | None = None) -> None:
+    """Stop: the session's workload sends nothing more; the requests in flight finish and are kept."""
+    cancel = _CANCELS.get(_session(request))
+    if cancel is not None:
+        cancel.set()
+
+
+def run_workload(url: str, compare: str, prompts_text: str, concurrency: str, repeats: int, max_tokens: int,
+                 temperature: float, chat: bool, request: gr.Request | None = None) -> Iterator[tuple]:
+    """Send the prompts at each concurrency (servers interleaved); yield (status, acceptance over time, e2e
+    latency, ITL, table) as requests finish, at most every POLL_S, and once more at the end."""
+    skip = (gr.skip(),) * (len(WORKLOAD_OUTPUTS) - 1)
+    try:
+        targets, prompts, concurrencies, baseline = prepare_workload(url, compare, prompts_text, concurrency,
+                                                                     repeats, max_tokens, chat)
+    except ExplorerError as exc:
+        yield (f"⚠ {exc}", *skip)
+        return
+    key, cancel, live = _session(request), threading.Event(), _Live()
+    _CANCELS[key] = cancel
+    total = len(prompts) * int(repeats) * len(concurrencies) * len(targets)
+    worker = threading.Thread(target=_work, args=(live, targets, prompts, concurrencies, int(repeats),
+                                                  int(max_tokens), float(temperature), cancel),
+                              name="engine-workload", daemon=True)
+    started = time.perf_counter()
+    worker.start()
+    shown = (0, 0)
+    try:
+        while worker.is_alive():
+            worker.join(POLL_S)
+            seen = (len(live.records), len(live.configs))
+            status = (f"Running: {seen[0]} / {total} requests finished, {time.perf_counter() - started:.1f} s "
+                      f"(concurrency {', '.join(map(str, concurrencies))}; servers: "
+                      f"{'; '.join(f'{t.label} at {t.url}' for t in targets)}).")
+            yield (status, *(_figures(live, targets, baseline) if seen != shown else skip))
+            shown = seen
+    finally:
+        cancel.set()  # Stop, or the page went away: nothing more is sent
+        if _CANCELS.get(key) is cancel:
+            del _CANCELS[key]
+    yield (_final_status(live, total, time.perf_counter() - started), *_figures(live, targets, baseline))
+
+
+def _final_status(live: _Live, total: int, wall_s: float) -> str:
+    n = len(live.records)
+    failed = sum(r.error is not None for r in live.records)
+    errors = f" {failed} of them failed (see the table's errors column)." if failed else ""
+    if live.error is not None:
+        return f"⚠ The workload failed: {live.error}. The {n} requests finished before it are shown."
+    if live.bench is not None and live.bench.error == "cancelled":
+        return f"Stopped: {n} of {total} requests finished in {wall_s:.1f} s; they are kept below.{errors}"
+    if live.bench is not None and live.bench.error:
+        return (f"⚠ The run ended early: {live.bench.error}. The {n} requests measured before it are kept."
+                + errors)
+    return (f"Done: {n} request{'s' if n != 1 else ''} in {wall_s:.1f} s.{errors} Acceptance (/metrics) is the "
+            "server's own count over each config; tokens/step is inferred from the stream (one chunk = one step).")
+
+
+def _live_bench(live: _Live, targets: list[Target]) -> tuple[EngineBench, set[tuple[str, int]]]:
+    """The finished configs, plus the running one summarized from its finished requests (and which those are)."""
+    done = list(live.configs)  # read before the records: a config that ends in between counts as running
+    finished = {(c.label, c.concurrency) for c in done}
+    running: dict[tuple[str, int], list[RequestRecord]] = {}
+    for r in list(live.records):
+        if (r.label, r.concurrency) not in finished:
+            running.setdefault((r.label, r.concurrency), []).append(r)
+    urls = {t.label: t.url for t in targets}
+    now = time.time()
+    partial = [ConfigResult(label, urls[label], c, recs, wall_s=now - min(r.sent for r in recs))
+               for (label, c), recs in running.items()]
+    return EngineBench(done + partial), set(running)
+
+
+def _figures(live: _Live, targets: list[Target], baseline: str | None) -> tuple:
+    bench, running = _live_bench(live, targets)
+    rows = summary_rows(bench, baseline)
+    frame = pd.DataFrame(rows)
+    return (*workload_figures(bench.records, frame), workload_table(rows, running))
+
+
+def workload_figures(records: list[RequestRecord] | None = None, summary: pd.DataFrame | None = None) -> tuple:
+    """Acceptance over time, e2e and ITL p50/p99, throughput: the report's figures, titled to fit half a page."""
+    summary = pd.DataFrame() if summary is None else summary
+    acceptance = acceptance_over_time_figure(records or [])
+    acceptance.update_layout(title="Acceptance over time: tokens per engine step")
+    acceptance.update_yaxes(title="tokens per step (stream)")
+    figures = (acceptance, latency_figure(summary, "e2e", "End-to-end latency: p50, p99"),
+               latency_figure(summary, "itl", "Inter-chunk latency (ITL): p50, p99"), throughput_figure(summary))
+    for fig in figures:  # room for the legend under the axis title
+        fig.update_layout(height=420, margin={"b": 120}, legend={"y": -0.45})
+    return figures
+
+
+def _num(value: Any, fmt: str = "{:.0f}") -> str:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return "–"
+    return fmt.format(value) if math.isfinite(value) else "–"
+
+
+def workload_table(rows: list[dict[str, Any]], running: set[tuple[str, int]] = frozenset()) -> pd.DataFrame:
+    """The summary rows as a compact table of strings; a running config's row covers its finished requests."""
+    out = []
+    for r in rows:
+        live = (r["label"], r["concurrency"]) in running
+        acceptance = r.get("acceptance")
+        if live:
+            acceptance = "at the end"
+        elif isinstance(acceptance, float):
+            acceptance = _num(acceptance * 100, "{:.0f}%")
+        out.append({"server": r["label"], "c": r["concurrency"], "state": "running" if live else "done",
+                    "n": r["requests"], "errors": r["errors"], "tok/s": _num(r["throughput_tok_s"], "{:.1f}"),
+                    "e2e p50": _num(r["e2e_p50_ms"]), "e2e p99": _num(r["e2e_p99_ms"]),
+                    "ITL p50": _num(r["itl_p50_ms"], "{:.1f}"), "ITL p99": _num(r["itl_p99_ms"], "{:.1f}"),
+                    "TTFT p99": _num(r["ttft_p99_ms"]), "batch": _num(r["mean_running"], "{:.1f}"),
+                    "tok/step": _num(r["tokens_per_chunk_inferred"], "{:.2f}"), "acceptance": acceptance,
+                    "gain": _num(r.get("speedup_throughput"), "{:.2f}×")})
+    return pd.DataFrame(out, columns=TABLE_COLUMNS)
+
+
+# ----------------------------------------------------------------------------------------------
+# one request: the engine's bursts beside the explorer's speculative lane
+
+@dataclass
+class _Pair:
+    """One compared request: the engine's record (with its steps as chips) and the explorer's trace, if any."""
+
+    prompt: str
+    record: RequestRecord
+    steps: list[tuple[float, int, list[str]]]  # (seconds after sending, tokens, pieces) per chunk with tokens
+    detail: str
+    trace: Any = None
+    piece: render.Piece | None = None
+    note: str = ""
+
+    @property
+    def end_s(self) -> float:
+        return max(self.record.done or 0.0, float(self.trace.stats["wall_s"]) if self.trace else 0.0)
+
+
+def _steps(record: RequestRecord, piece: render.Piece | None) -> list[tuple[float, int, list[str]]]:
+    """Chunks with tokens; split into token pieces when the server sent ids for every token and we can read them."""
+    chunks = [c for c in record.chunks if c.tokens > 0]
+    ids = list(record.token_ids or [])
+    split = piece is not None and len(ids) == sum(c.tokens for c in chunks)
+    out, at = [], 0
+    for c in chunks:
+        pieces = [piece(i) for i in ids[at:at + c.tokens]] if split else [c.text]
+        out.append((c.t, c.tokens, pieces))
+        at += c.tokens
+    return out
+
+
+def _engine_narration(pair: _Pair, shown: list[tuple[float, int, list[str]]]) -> str:
+    if not shown:
+        text = "Nothing streamed yet: the engine reads the prompt (prefill) and sends the first token."
+    else:
+        _, k, pieces = shown[-1]
+        quoted = " ".join(f"<code>{render.visible_html(p)}</code>" for p in pieces)
+        text = (f"Step {len(shown)}: one chunk of {k} token(s), {quoted}"
+                + ("; the prefill's token." if len(shown) == 1 else
+                   f": {k - 1} draft(s) accepted and the target's own token, inferred from the stream."))
+    return f'<p class="narr narr-engine" data-lane="engine"><b>vLLM engine.</b> {text}</p>'
+
+
+def compare_frame(pair: _Pair | None, at_s: float | None = None, caption: str = "") -> str:
+    """Both lanes as they were ``at_s`` seconds after each started (None: the end)."""
+    if pair is None:
+        lane = render.burst_lane_html("vLLM engine", "", "", [], 0.0, "waiting", "press Compare")
+        return render.lanes_html([lane], ["autoregressive", "speculative"], caption)
+    end = pair.end_s if at_s is None else at_s
+    lanes, views = [], []
+    if pair.trace is not None:
+        view = render.trace_view(pair.trace, pair.piece, end, unfinished="running")
+        lanes.append(render.lane_html(view))
+        views.append(view)
+    shown = [s for s in pair.steps if s[0] <= end]
+    done = end >= (pair.record.done or 0.0)
+    lanes.append(render.burst_lane_html("vLLM engine", pair.detail, pair.prompt, [(k, p) for _, k, p in shown],
+                                        min(end, pair.record.done or 0.0), "done" if done else "running", pair.note))
+    story = (narration.narration_html(views) if views else '<div class="narr-title">What just happened</div>')
+    return render.lanes_html(lanes, ["autoregressive", "speculative"], caption, story + _engine_narration(pair, shown))
+
+
+def compare_one(url: str, prompt: str, max_tokens: int, temperature: float, chat: bool,
+                speed: float) -> Iterator[tuple[str, str]]:
+    """One streamed request on the engine, then the explorer's speculative decode of the same prompt (each
+    alone), then both played on one clock with the real chunk timestamps. Yields (frame, status)."""
+    try:
+        url, prompt = _check_url(url), validate_prompt(prompt)
+        model = served_model(url)
+    except ExplorerError as exc:
+        yield gr.skip(), f"⚠ {exc}"
+        return
+    engine = _engine_at(url)
+    preset = engine.preset if engine else (model if model in ENGINE_PRESETS else None)
+    models, note = None, ""
+    if preset is None:
+        note = (f"The server runs {model!r}, not an explorer preset ({', '.join(ENGINE_PRESETS)}): "
+                "only its lane is shown.")
+    else:
+        yield compare_frame(None, caption="Loading the explorer's models …"), f"Loading preset {preset} …"
+        try:
+            models = load_preset(preset)
+        except gr.Error as exc:
+            note = f"The explorer could not load {preset}: {exc.message}; only the engine's lane is shown."
+    chat = models.preset.chat if models is not None else bool(chat)  # both lanes read the same prompt format
+    yield gr.skip(), "Sending the request to the engine (alone, streamed) …"
+    record = run_one(url, prompt, int(max_tokens), float(temperature), chat, model=model, want_ids=True)
+    if record.error:
+        yield gr.skip(), f"⚠ the engine's request failed: {record.error}"
+        return
+    spec = engine.spec if engine else "unknown"
+    detail = f"{model}, spec {spec}" + (f", γ = {engine.gamma}" if engine and engine.gamma else "") + \
+        (", chat" if chat else "")
+    pair = _Pair(prompt, record, [], detail, note=note)
+    if models is not None:
+        yield gr.skip(), "Decoding the same prompt with the explorer's speculative decoder (alone, timed) …"
+        options = {"max_new_tokens": int(max_tokens), "temperature": float(temperature),
+                   "drafter": DRAFTER_FOR_SPEC.get(spec, models.preset.drafter),
+                   "gamma": engine.gamma if engine and engine.gamma else models.preset.gamma}
+        try:
+            pair.trace = explorer.decode("speculative", models, prompt, **options)
+            pair.piece = render.token_piece(models.tokenizer)
+        except ExplorerError as exc:
+            pair.note = f"The explorer's lane failed: {exc}"
+    pair.steps = _steps(record, pair.piece)
+    end_ms = pair.end_s * 1e3
+    words = speed_words(end_ms, speed)
+    for at in playback_times(end_ms, speed):
+        yield compare_frame(pair, at / 1e3, f"Both lanes on one clock, t = {at:.1f} ms ({words})."), gr.skip()
+    yield compare_frame(pair, None, _compare_caption(pair, words)), _compare_status(pair)
+
+
+def _compare_caption(pair: _Pair, words: str) -> str:
+    r = pair.record
+    text = (f"Played on one clock ({words}). Engine: {r.tokens} tokens in {len(pair.steps)} steps, "
+            f"{(r.done or 0) * 1e3:.0f} ms (first token {(r.ttft_s or 0) * 1e3:.0f} ms, HTTP included).")
+    if pair.trace is not None:
+        s = pair.trace.stats
+        text += (f" Explorer: {s['new_tokens']} tokens in {s['target_forward_passes']} target passes, "
+                 f"{s['wall_s'] * 1e3:.0f} ms (PyTorch, batch 1, in this process).")
+    return text
+
+
+def _compare_status(pair: _Pair) -> str:
+    """Done, and at temperature 0 whether the engine's tokens equal the explorer's."""
+    if pair.trace is None or pair.trace.config["temperature"] != 0 or not pair.record.token_ids:
+        return "Done."
+    engine, mine = list(pair.record.token_ids), list(pair.trace.token_ids)
+    n = min(len(engine), len(mine))
+    if engine[:n] == mine[:n]:
+        return f"Done. Greedy: the engine's tokens equal the explorer's ({n} compared)."
+    first = next(i for i in range(n) if engine[i] != mine[i])
+    return f"Done. Greedy: the engine's tokens differ from the explorer's from token {first + 1} on."
+
+
+# ----------------------------------------------------------------------------------------------
+# layout and wiring
+
+def build_engine_tab(demo: gr.Blocks, speed: Any) -> None:
+    """The tab's components and events (inside ``with gr.Tab(...)``); ``speed`` paces the compare playback."""
+    gr.Markdown(read_text("engine.md"), elem_id="engine-intro")
+    with gr.Row():
+        url = gr.Textbox(label="Engine URL", placeholder="http://127.0.0.1:8011 (python -m explorer engine start)",
+                         scale=3, elem_id="engine-url")
+        compare = gr.Textbox(label="Compare URL (optional)", placeholder="e.g. the same model with speculation off",
+                             scale=3, elem_id="engine-compare")
+        chat = gr.Checkbox(False, label="chat", info="/v1/chat/completions (instruct models)", scale=1,
+                           min_width=120)
+    with gr.Row():
+        prompts = gr.Textbox(DEFAULT_PROMPTS, label="Prompts (one a line, or JSONL)", lines=5, max_lines=12, scale=3,
+                             elem_id="engine-prompts")
+        with gr.Column(scale=2):
+            concurrency = gr.Textbox("1,2,4", label="Concurrency (requests in flight, comma-separated)")
+            with gr.Row():
+                repeats = gr.Number(1, precision=0, minimum=1, maximum=20, label="repeats", min_width=80)
+                max_tokens = gr.Number(48, precision=0, minimum=1, maximum=1024, label="max tokens", min_width=80)
+                temperature = gr.Number(0.0, minimum=0, maximum=2, step=0.1, label="temperature", min_width=80)
+            with gr.Row():
+                run = gr.Button("▶ Run workload", variant="primary", elem_id="engine-run")
+                stop = gr.Button("■ Stop", variant="stop", elem_id="engine-stop")
+    status = gr.Markdown(NO_ENGINE, elem_id="engine-status")
+    figures, plots = dict(zip(WORKLOAD_OUTPUTS[1:5], workload_figures(), strict=True)), []
+    for pair in (WORKLOAD_OUTPUTS[1:3], WORKLOAD_OUTPUTS[3:5]):
+        with gr.Row():
+            plots += [gr.Plot(figures[name], label=name, elem_classes=["explorer-plot"], elem_id=f"engine-{name}")
+                      for name in pair]
+    table = gr.Dataframe(workload_table([]), label="Per server and concurrency: latencies in ms; tok/step inferred "
+                         "from the stream, acceptance from /metrics; a running row covers its finished requests",
+                         interactive=False, wrap=True, elem_id="engine-table",
+                         column_widths=["15%", "4%", "7%", "4%", "6%", "6%", "6%", "6%", "6%", "6%", "6%", "6%", "7%",
+                                        "9%", "6%"])
+    gr.Markdown("### Compare one request\nThe engine streams it; the explorer decodes it with its own speculative "
+                "decoder (same preset, drafter and γ as the engine where it knows them). Then both play on one "
+                "clock, paced by the sidebar's Playback.")
+    with gr.Row():
+        one_prompt = gr.Textbox("def read_config(path):", label="Prompt", lines=2, scale=4, elem_id="engine-prompt")
+        one_run = gr.Button("Compare", variant="primary", scale=1, elem_id="engine-compare-run")
+    one_status = gr.Markdown("", elem_id="engine-compare-status")
+    frame = gr.HTML(compare_frame(None), css_template=STYLE, apply_default_css=False, elem_id="engine-lanes")
+
+    slot = {"concurrency_id": "engine", "concurrency_limit": 1}
+    run.click(run_workload, [url, compare, prompts, concurrency, repeats, max_tokens, temperature, chat],
+                     [status, *plots, table], api_name="engine_workload",
+                     show_progress="hidden", **slot)
+    stop.click(stop_workload, None, None, queue=False, api_visibility="undocumented")
+    one_run.click(compare_one, [url, one_prompt, max_tokens, temperature, chat, speed], [frame, one_status],
+                  api_name="engine_compare", show_progress="hidden", concurrency_id="decode", concurrency_limit=1)
+    url.blur(chat_for, url, chat, queue=False, api_visibility="undocumented", show_progress="hidden")
+    demo.load(engine_defaults, None, [url, chat, status], api_visibility="undocumented", queue=False)
