@@ -171,6 +171,30 @@ def test_nothing_listening_is_one_clear_error(capsys):
     assert err.startswith("error: nothing answers at") and "Traceback" not in err
 
 
+def test_a_server_that_fails_to_start_is_one_clear_line_and_the_log(capsys):
+    port = free_port()
+    code = main(["engine", "start", "--preset", "tiny", "--spec", "off", "--port", str(port),
+                 "--max-model-len", "100000"])  # longer than the model's 512 positions: vLLM refuses at start
+    err = capsys.readouterr().err
+    first = err.split("error: ", 1)[1].splitlines()[0]
+    assert code == 2 and "exited with status" in first and "max_model_len" in first
+    assert "last lines of" in err and "Traceback (most recent call last)" not in err.split("last lines of")[0]
+    assert main(["engine", "status"]) == 0 and f":{port}" not in capsys.readouterr().out  # nothing left behind
+
+
+def test_a_taken_port_or_a_bad_option_is_refused_before_anything_starts(capsys):
+    proc, url = start_plain_server()
+    try:
+        port = url.rsplit(":", 1)[1]
+        assert main(["engine", "start", "--preset", "tiny", "--port", port]) == 2
+        assert "is taken by a server this tool did not start" in capsys.readouterr().err
+    finally:
+        proc.kill()
+    assert main(["engine", "start", "--preset", "qwen2.5-7b"]) == 2
+    assert "engine presets are tiny, smollm2-135m" in capsys.readouterr().err
+    assert main(["engine", "start", "--spec", "eagle"]) == 2
+
+
 def test_a_server_that_is_not_vllm():
     proc, url = start_plain_server()
     try:

