@@ -279,7 +279,7 @@ def build_demo(default_preset: str = DEFAULT_PRESET) -> gr.Blocks:
                 _build_plots(c)
             with gr.Tab("Measure: percentiles and workloads"):
                 _build_measure(c)
-            if not hosting.on_space():  # a public Space must not fetch URLs its visitors type; its bundle has no engine
+            if not hosting.on_space():  # a public Space must not fetch URLs its visitors type
                 from explorer.app.engine_tab import build_engine_tab
 
                 with gr.Tab("Engine: a live vLLM server"):
