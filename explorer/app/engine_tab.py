@@ -29,7 +29,7 @@ from explorer.decoding.config import validate_prompt
 from explorer.engine.bench import ConfigResult, EngineBench, Target, resolve_targets, run_bench, summary_rows
 from explorer.engine.client import RequestRecord, run_one, served_model
 from explorer.engine.report import acceptance_over_time_figure, latency_figure, throughput_figure
-from explorer.engine.server import ENGINE_PRESETS, EngineState, default_url, running_engines
+from explorer.engine.server import ENGINE_PRESETS, default_url, engine_at
 from explorer.errors import ExplorerError
 from explorer.measure.workload import Prompt, parse_prompts
 
@@ -54,27 +54,23 @@ _CANCELS: dict[str, threading.Event] = {}  # session -> the Stop of its running 
 # ----------------------------------------------------------------------------------------------
 # which server, under which name
 
-def _engine_at(url: str) -> EngineState | None:
-    return next((e for e in running_engines() if e.url.rstrip("/") == url.rstrip("/")), None)
-
-
 def engine_defaults() -> tuple[str, bool, str]:
     """URL, chat and status at page load: the engine ``engine start`` launched, if one runs now."""
     url = default_url()
     if url is None:
         return "", False, NO_ENGINE
-    engine = _engine_at(url)
+    engine = engine_at(url)
     return url, bool(engine and engine.chat), f"Engine found: {_label(url, url)} at {url}."
 
 
 def chat_for(url: str) -> Any:
     """An instruct preset started here gets chat requests; any other URL keeps the checkbox as it is."""
-    engine = _engine_at(url or "")
+    engine = engine_at(url or "")
     return gr.update(value=engine.chat) if engine else gr.skip()
 
 
 def _label(url: str, fallback: str) -> str:
-    engine = _engine_at(url)
+    engine = engine_at(url)
     if engine is None:
         return fallback
     return f"{engine.preset} spec={engine.spec}" + (f" γ={engine.gamma}" if engine.gamma else "")
@@ -349,7 +345,7 @@ def compare_one(url: str, prompt: str, max_tokens: int, temperature: float, chat
     except ExplorerError as exc:
         yield gr.skip(), f"⚠ {exc}"
         return
-    engine = _engine_at(url)
+    engine = engine_at(url)
     preset = engine.preset if engine else (model if model in ENGINE_PRESETS else None)
     models, note = None, ""
     if preset is None:

@@ -7,6 +7,7 @@ import json
 import sys
 import time
 
+from explorer.engine.server import engine_at
 from explorer.errors import ExplorerError
 
 
@@ -64,12 +65,6 @@ def add_arguments(parser: argparse.ArgumentParser, make_sub) -> None:
     c.add_argument("--max-tokens", type=int, default=32)
 
 
-def _engine_for(url: str):
-    from explorer.engine.server import running_engines
-
-    return next((e for e in running_engines() if e.url.rstrip("/") == url.rstrip("/")), None)
-
-
 def _default_url(given: str | None) -> str:
     from explorer.engine.server import default_url
 
@@ -117,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
 def _label_of(url: str, given: str | None, fallback: str) -> str:
     if given:
         return given
-    engine = _engine_for(url)
+    engine = engine_at(url)
     return f"{engine.preset} spec={engine.spec}" if engine else fallback
 
 
@@ -131,7 +126,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.repeats < 1 or args.max_tokens < 1:
         raise ExplorerError("--repeats and --max-tokens must be >= 1")
     prompts = load_prompt_set(args.prompts, args.limit).prompts
-    engine = _engine_for(url)
+    engine = engine_at(url)
     chat = args.chat if args.chat is not None else bool(engine and engine.chat)
     pairs = [(_label_of(url, args.label, "A"), url)]
     for i, other in enumerate(args.compare):
@@ -140,7 +135,7 @@ def _bench(args: argparse.Namespace) -> int:
     if len({label for label, _ in pairs}) < len(pairs):
         raise ExplorerError("two servers have the same label; set --label / --compare-label")
     targets = resolve_targets(pairs, chat)
-    engines = {t.label: _engine_for(t.url) for t in targets}
+    engines = {t.label: engine_at(t.url) for t in targets}
     baseline = next((t.label for t in targets if engines[t.label] and engines[t.label].spec == "off"), None)
     if baseline is None and len(targets) > 1:
         baseline = targets[-1].label  # the last --compare, unless an engine started here says it runs spec off
@@ -227,7 +222,7 @@ def _check(args: argparse.Namespace) -> int:
     from explorer.engine.checks import acceptance_check, greedy_check
 
     url = _default_url(args.url)
-    engine = _engine_for(url)
+    engine = engine_at(url)
     preset = args.preset or (engine.preset if engine else None)
     if preset is None:
         raise ExplorerError("--preset is needed for a server not started here (the model it serves)")

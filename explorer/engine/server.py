@@ -81,6 +81,11 @@ def running_engines(home: Path | None = None) -> list[EngineState]:
     return found
 
 
+def engine_at(url: str, home: Path | None = None) -> EngineState | None:
+    """The engine started here that serves ``url``, if any."""
+    return next((e for e in running_engines(home) if e.url.rstrip("/") == url.rstrip("/")), None)
+
+
 def default_url(home: Path | None = None) -> str | None:
     """The URL of a healthy-looking engine ``engine start`` launched (the lowest port), else None."""
     for state in running_engines(home):
