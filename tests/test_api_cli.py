@@ -270,7 +270,9 @@ def test_every_cli_flag_has_help_and_every_decode_option_a_flag():
     names = {f.name for f in dataclasses.fields(DecodeConfig)}
     assert set(OPTION_HELP) == names
     commands = build_parser()._subparsers._group_actions[0].choices
-    for command, sub in commands.items():
+    engine = commands["engine"]._subparsers._group_actions[0].choices
+    parsers = [*commands.items(), *((f"engine {name}", sub) for name, sub in engine.items())]
+    for command, sub in parsers:
         for action in sub._actions:
             if not isinstance(action, argparse._HelpAction):
                 assert action.help, f"{command} {action.option_strings} has no help"

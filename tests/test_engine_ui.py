@@ -39,7 +39,8 @@ def test_plots_and_table_update_while_the_workload_runs(vllm_ngram):
     dots = sum(len(trace.x) for trace in figure.data)
     assert dots == finished(live[0][0]) < 8  # one dot per finished request, drawn before the last one finished
     assert "running" in set(table["state"])
-    gaps = [b - a for a, b in zip(stamps[:-2], stamps[1:-1], strict=True)]
+    # (the last yield inside the loop may come early: the poll returns as soon as the worker ends)
+    gaps = [b - a for a, b in zip(stamps[:-3], stamps[1:-2], strict=True)]
     assert all(g >= engine_tab.POLL_S * 0.9 for g in gaps), f"yields faster than every {engine_tab.POLL_S} s: {gaps}"
     assert final[0].startswith("Done: 8 requests")
     acceptance, latency, itl, throughput, table = final[1:]

