@@ -208,3 +208,34 @@ def test_round_trip_and_bad_files(mini, tmp_path):
     (tmp_path / "eagle" / "config.json").unlink()
     with pytest.raises(ExplorerError, match=r"draft file missing: .*config\.json"):
         load_eagle_head(tmp_path / "eagle", mini.target, torch.float32)
+
+
+def decode_side_by_side(models, prompt: str, drafter: str, n: int = 40) -> dict:
+    """AR and speculative decodes of one prompt on the same models in two threads at once (as the app's lanes)."""
+    import threading
+
+    out, errors = {}, []
+
+    def run(method, **options):
+        try:
+            out[method] = explorer.decode(method, models, prompt, max_new_tokens=n, **options).token_ids
+        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=("autoregressive",)),
+               threading.Thread(target=run, args=("speculative",), kwargs={"drafter": drafter, "gamma": 3})]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    return out
+
+
+def test_a_decode_beside_it_on_the_same_target_does_not_feed_the_head(mini):
+    """The head's hook captures only its own thread's verify pass: an AR lane decoded at the same time on the
+    same target must neither fill it with its hidden states nor disarm it."""
+    ar = explorer.decode("autoregressive", mini, "def fibonacci(n):", max_new_tokens=40).token_ids
+    for _ in range(3):
+        both = decode_side_by_side(mini, "def fibonacci(n):", "assistant")
+        assert both["autoregressive"] == ar and both["speculative"] == ar

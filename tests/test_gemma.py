@@ -120,3 +120,12 @@ def test_diffusion_gemma_seed_changes_the_sample(gemma):
     a = explorer.decode("diffusion", gemma, PROMPTS[2], max_new_tokens=8, seed=1)
     b = explorer.decode("diffusion", gemma, PROMPTS[2], max_new_tokens=8, seed=2)
     assert a.token_ids != b.token_ids
+
+
+def test_the_assistant_ignores_a_decode_beside_it_on_the_same_target(gemma):
+    """Its verify-pass hook belongs to its own thread (the app may decode the lanes side by side)."""
+    from tests.test_eagle import decode_side_by_side
+
+    ar = explorer.decode("autoregressive", gemma, "hello world", max_new_tokens=24).token_ids
+    both = decode_side_by_side(gemma, "hello world", "assistant", n=24)
+    assert both["autoregressive"] == ar and both["speculative"] == ar

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -338,16 +339,20 @@ class FeatureDrafter:
             self.cache = [c[:, :, :self.cached] for c in self.cache]
 
     def _arm(self) -> None:
+        """Capture the next target pass made by this thread (the verify pass). Another thread's decode on the same
+        target (the app's lanes, decoded side by side) must not fill or disarm it."""
         self._disarm()
-        body = self.target.model
+        body, owner = self.target.model, threading.get_ident()
 
         def pre(module, args, kwargs):
-            cache = kwargs.get("past_key_values")
-            self.captured = (cache.get_seq_length() if cache is not None else 0, None)
+            if threading.get_ident() == owner:
+                cache = kwargs.get("past_key_values")
+                self.captured = (cache.get_seq_length() if cache is not None else 0, None)
 
         def post(module, args, kwargs, output):
-            self.captured = (self.captured[0], output.last_hidden_state[0].detach())
-            self._disarm()
+            if threading.get_ident() == owner:
+                self.captured = (self.captured[0], output.last_hidden_state[0].detach())
+                self._disarm()
 
         self.hooks = [body.register_forward_pre_hook(pre, with_kwargs=True),
                       body.register_forward_hook(post, with_kwargs=True)]

@@ -138,17 +138,22 @@ class AssistantDrafter:
         return Draft(drafted, torch.stack(rows), seconds, len(drafted))
 
     def _arm(self) -> None:
-        """Ask the next target forward (the verify pass) for hidden states and shared KV, and keep them."""
+        """Ask this thread's next target forward (the verify pass) for hidden states and shared KV, and keep them
+        (another thread's decode on the same target, e.g. a lane decoded beside this one, is left alone)."""
         self._disarm()
+        owner = threading.get_ident()
 
         def pre(module, args, kwargs):
+            if threading.get_ident() != owner:
+                return None
             cache = kwargs.get("past_key_values")
             self.fed_from = cache.get_seq_length() if cache is not None else 0
             return args, {**kwargs, "output_hidden_states": True, "return_shared_kv_states": True}
 
         def post(module, args, kwargs, output):
-            self.captured = output
-            self._disarm()
+            if threading.get_ident() == owner:
+                self.captured = output
+                self._disarm()
 
         self.hooks = [self.target.register_forward_pre_hook(pre, with_kwargs=True),
                       self.target.register_forward_hook(post, with_kwargs=True)]
