@@ -37,6 +37,7 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--
         "--disable-component-update", "--disable-sync"]
 PROMPT = "Write a Python function that lists the .py files under a folder."
 MAX_NEW: int | None = None  # --max-new: N for every lane (default: the app's)
+PLAYBACK: str | None = None  # --playback: a Playback option's label, e.g. "live" (default: the app's)
 
 START_CHILD = """
 import time, json, sys
@@ -120,6 +121,13 @@ def _fill(page) -> None:
     if MAX_NEW:
         box = page.locator("#max-new input[type=number]")
         box.fill(str(MAX_NEW))
+        box.press("Enter")
+        page.wait_for_timeout(300)
+    if PLAYBACK:
+        box = page.locator("#speed input")
+        box.click()
+        box.fill(PLAYBACK)  # the dropdown filters its options; Enter picks the first that matches
+        page.wait_for_timeout(300)
         box.press("Enter")
         page.wait_for_timeout(300)
 
@@ -209,9 +217,11 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--skip-overhead", action="store_true", help="only app start and click -> frame")
     parser.add_argument("--max-new", type=int, help="N of every lane (default: the app's)")
+    parser.add_argument("--playback", help="pick the Playback option whose label contains this, e.g. live")
     args = parser.parse_args()
-    global MAX_NEW
+    global MAX_NEW, PLAYBACK
     MAX_NEW = args.max_new
+    PLAYBACK = args.playback
     import torch
 
     if args.threads:

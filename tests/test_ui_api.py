@@ -63,6 +63,22 @@ def test_run_streams_frames_and_ends_with_the_decode_token_ids(client, random_mo
     assert "Greedy check: speculative output equals the autoregressive output" in final[0]
 
 
+def test_live_playback_decodes_every_lane_at_once_and_shows_tokens_as_they_come(client, random_models, monkeypatch):
+    """Playback 'live': all lanes run at the same time (frames where two or more are running with tokens shown),
+    and the lanes' final tokens are exactly the decodes'."""
+    monkeypatch.setattr(playback, "LIVE_INTERVAL_S", 0.005)  # the miniature decodes in well under a frame
+    job = client.submit(PROMPT, "random-tiny", LANES, *SETTINGS, playback.LIVE, api_name="/run")
+    final = job.result(timeout=120)
+    frames = [out[0] for out in job.outputs() if out and isinstance(out[0], str)]
+    together = [f for f in frames[:-1] if f.count('data-status="running"') >= 2 and 'class="tok' in f]
+    assert together, "no frame showed two lanes decoding at once with their tokens"
+    assert not any("waits its turn" in f for f in frames)
+    assert "decoded at once" in final[0]
+    ar = explorer.decode("autoregressive", random_models, PROMPT, max_new_tokens=32, seed=0)
+    assert final[RESULT]["autoregressive"]["token_ids"] == ar.token_ids
+    assert final[RESULT]["speculative"]["token_ids"] == ar.token_ids
+
+
 def test_bad_input_gives_one_clear_message_and_the_app_keeps_serving(client):
     with pytest.raises(Exception, match="control character"):
         client.predict("def f():\x07", *RUN_ARGS[1:], api_name="/run")

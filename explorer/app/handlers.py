@@ -11,11 +11,20 @@ import gradio as gr
 import numpy as np
 import pandas as pd
 
-from explorer.app import hosting, plots, render
+from explorer.app import hosting, live_plots, plots, render
 from explorer.app.hosting import gpu
 from explorer.app.lane_settings import Settings, check_inputs, describe_models, lane_tokenizer, load_preset
 from explorer.app.page import read_text
-from explorer.app.playback import decode_alone, frame_html, lane_view, playback_times, replay_frame, speed_words
+from explorer.app.playback import (
+    decode_alone,
+    decode_side_by_side,
+    frame_html,
+    lane_view,
+    one_torch_thread,
+    playback_times,
+    replay_frame,
+    speed_words,
+)
 from explorer.decoding.events import TokenStep, Trace, Verification
 from explorer.models import Models
 
@@ -50,7 +59,10 @@ def run_lanes(prompt: str, preset: str, lanes: list[str], settings: Settings, sp
              "below fill in when it ends.")
     done: dict[str, Trace] = {}
     errors: dict[str, str] = {}
-    for i, method in enumerate(methods):  # phase 1: decode each lane alone
+    live = speed is not None and float(speed) < 0
+    if live:
+        yield from _decode_live(methods, models, prompt, options, pieces, views, done, errors)
+    for i, method in enumerate(methods if not live else ()):  # phase 1: decode each lane alone
         caption = f"Decoding lane {i + 1} of {len(methods)} alone (timed); then all lanes play together."
         views[method] = lane_view(method, prompt, pieces[method], options[method], "running", progress=0.0,
                                    note="decoding alone (timed) …")
@@ -76,17 +88,18 @@ def run_lanes(prompt: str, preset: str, lanes: list[str], settings: Settings, sp
         yield _out(frame=frame_html(views, "Every lane failed."))
         raise gr.Error("; ".join(f"{m}: {e}" for m, e in errors.items()), print_exception=False)
     end_ms = max(t.stats["wall_s"] for t in done.values()) * 1e3
-    words = speed_words(end_ms, speed)
+    words = "decoded side by side, shown live; they shared the CPU" if live else speed_words(end_ms, speed)
     once = {"current": current, "scrubber": gr.Slider(minimum=0, maximum=round(end_ms + 0.1, 1), value=0)}
-    for at in playback_times(end_ms, speed):  # phase 2: one shared clock; the mini-plots under the lanes follow
+    for at in playback_times(end_ms, speed) if not live else ():  # phase 2: one shared clock; mini-plots follow
         frame = replay_frame(current, at, playing=True,
                              caption=f"All lanes on one shared clock, t = {at:.1f} ms ({words}).")
         yield _out(frame=frame, **once)
         once = {}  # the replay state goes out with the first frame, so Stop leaves a replayable run
     history = ([*(history or []), *done.values()])[-HISTORY_LIMIT:]
     figures = plots.all_figures(history, done, models.names)
-    caption = (f"Each lane was decoded alone, then all played on one shared clock ({words})."
-               + greedy_note(done))
+    caption = ((f"All lanes were decoded at once and shown as they went ({words}: each lane's clock ran slower "
+                "than it would alone; Playback 'auto' times each lane alone)." if live else
+                f"Each lane was decoded alone, then all played on one shared clock ({words}).") + greedy_note(done))
     yield _out(frame=replay_frame(current, end_ms, caption=caption), run_table=run_table(done, models),
                result=token_result(done), model_info=describe_models(models),
                **{k: figures[k] for k in plots.FIGURE_KEYS},
@@ -97,6 +110,27 @@ def run_lanes(prompt: str, preset: str, lanes: list[str], settings: Settings, sp
                                                                    value=round(end_ms + 0.1, 1)))
     if errors:
         raise gr.Error("; ".join(f"{m}: {e}" for m, e in errors.items()), print_exception=False)
+
+
+def _decode_live(methods: list[str], models: Models, prompt: str, options: dict, pieces: dict, views: dict,
+                 done: dict[str, Trace], errors: dict[str, str]) -> Iterator[tuple]:
+    """Playback "live": every lane decodes at once (one torch thread each) and its tokens show as they come."""
+    caption = "All lanes decoding at once, shown live (they share the CPU, so each runs slower than alone)."
+    with one_torch_thread():
+        for received, clocks, traces, failed, starts in decode_side_by_side(methods, models, prompt, options):
+            for m in methods:
+                if m in failed:
+                    views[m] = lane_view(m, prompt, pieces[m], options[m], "error", note=failed[m])
+                elif m in traces:
+                    views[m] = render.trace_view(traces[m], pieces[m])
+                else:
+                    views[m] = lane_view(m, prompt, pieces[m], options[m], "running", events=list(received[m]),
+                                         clock=clocks[m])
+            shown = [views[m] for m in methods if m not in failed]
+            below = live_plots.live_plots_html(shown, starts, max(clocks.values(), default=0.0))
+            yield _out(frame=frame_html(views, caption, below))
+    done.update(traces)
+    errors.update(failed)
 
 
 def _guarded(frames: Iterator[tuple], errors: dict[str, str], method: str) -> Iterator[tuple]:

@@ -1,11 +1,14 @@
-"""Playback: a run has two phases. First each lane is decoded alone, one after another, in a worker thread
-that never waits for the UI (so it is measured alone: docs/design.md); meanwhile the lane shows a progress bar a few
-times a second, so the page never sits still. Then every lane plays its recorded events on one shared clock (real
-time, or slowed so the longest lane lasts about AUTO_PLAY_S). The race replay re-plays or steps through the same
-traces without running a model again."""
+"""Playback. Live (the default): every lane decodes at once in its own worker thread, one torch thread each, and
+the page shows their events as they come; the lanes share the CPU, so their clocks run slower than alone. Timed:
+a run has two phases. First each lane is decoded alone, one after another, in a worker thread that never waits for
+the UI (so it is measured alone: docs/design.md); meanwhile the lane shows a progress bar a few times a second, so
+the page never sits still. Then every lane plays its recorded events on one shared clock (real time, or slowed so
+the longest lane lasts about AUTO_PLAY_S). The race replay re-plays or steps through the same traces without
+running a model again."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import queue
 import threading
@@ -14,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import gradio as gr
+import torch
 
 import explorer
 from explorer.app import live_plots, narration, render
@@ -93,6 +97,62 @@ def _receive(inbox: queue.Queue, received: list[Event], deadline: float) -> Trac
 
 
 # ----------------------------------------------------------------------------------------------
+# or: every lane decoded at once, shown live (Playback "live"): faster, but the lanes share the CPU
+
+LIVE = -1.0  # the Playback value of the live mode
+LIVE_INTERVAL_S = 0.25  # live frames: rendering one holds the GIL the decoders need (10 a second cost 4-5 s at N 48)
+
+
+@contextlib.contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """Lanes decoded at once each get one intra-op thread (measured on 2 cores with smollm2-135m, N = 48: three
+    lanes in 7.5-7.9 s with one thread each, 8.9 s with two, 10.4-11.8 s one after another)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def decode_side_by_side(methods: list[str], models: Models, prompt: str, options: dict[str, dict[str, Any]],
+                        stop: threading.Event | None = None) -> Iterator[tuple[dict, dict, dict, dict, dict]]:
+    """Decode every lane at once, each in its own worker thread; yield (events so far, seconds since each lane
+    started, finished traces, errors, each lane's start on the perf_counter clock), all by method, every
+    LIVE_INTERVAL_S until every lane has ended."""
+    stop = stop or threading.Event()
+    inboxes = {m: queue.Queue() for m in methods}
+    origins: dict[str, list[float]] = {m: [] for m in methods}
+    received: dict[str, list[Event]] = {m: [] for m in methods}
+    traces: dict[str, Trace] = {}
+    errors: dict[str, str] = {}
+    started = time.perf_counter()
+    for m in methods:
+        threading.Thread(target=_decode_worker, args=(m, models, prompt, options[m], inboxes[m], origins[m], stop),
+                         name=f"decode-{m}", daemon=True).start()
+    try:
+        while True:
+            deadline = time.perf_counter() + LIVE_INTERVAL_S
+            for m in methods:
+                if m in traces or m in errors:
+                    continue
+                try:
+                    trace = _receive(inboxes[m], received[m], deadline)
+                except gr.Error as exc:
+                    errors[m] = str(exc.message if hasattr(exc, "message") else exc)
+                    continue
+                if trace is not None:
+                    traces[m] = trace
+            clocks = {m: float(traces[m].stats["wall_s"]) if m in traces
+                      else time.perf_counter() - (origins[m][0] if origins[m] else started) for m in methods}
+            yield received, clocks, traces, errors, {m: origins[m][0] for m in methods if origins[m]}
+            if len(traces) + len(errors) == len(methods):
+                return
+    finally:
+        stop.set()
+
+
+# ----------------------------------------------------------------------------------------------
 # phase 2: every lane on one shared clock
 
 def playback_times(end_ms: float, slow_motion: float, start_ms: float = 0.0) -> Iterator[float]:
@@ -130,8 +190,8 @@ def initial_frame(methods: tuple[str, ...] = METHODS, settings: Settings | None 
     """The lanes before any run: everything waiting, the diffusion canvas fully masked."""
     settings = settings or preset_settings()
     views = {m: lane_view(m, "", str, settings.options(m), "waiting") for m in methods}
-    return frame_html(views, "Press Run: each lane is decoded alone (timed), then all of them play together on one "
-                  "shared clock, every draft/verify and refinement step.")
+    return frame_html(views, "Press Run: all lanes decode at once, every draft/verify and refinement step shown as it "
+                  "happens (a timed Playback decodes each lane alone, then replays them on one shared clock).")
 
 
 def replay_frame(current: dict[str, Any] | None, at_ms: float, playing: bool = False, caption: str = "") -> str:

@@ -53,8 +53,10 @@ from explorer.decoding.config import CACHES, DRAFTERS, METHODS, REMASKING, valid
 from explorer.errors import ExplorerError
 from explorer.models import DEFAULT_PRESET
 
-SPEEDS = [("auto (about 4 s)", 0.0), ("real time", 1.0), ("2× slower", 2.0), ("10× slower", 10.0),
-          ("100× slower", 100.0)]
+SPEEDS = [("live: all lanes decode at once, shown as they go (they share the CPU)", -1.0),
+          ("timed: each lane alone, then all replayed, about 4 s", 0.0), ("timed, replayed in real time", 1.0),
+          ("timed, replayed 2× slower", 2.0), ("timed, replayed 10× slower", 10.0),
+          ("timed, replayed 100× slower", 100.0)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -123,8 +125,9 @@ def _build_settings(c: Controls, default_preset: str) -> list[Any]:
     c.preset = gr.Dropdown(choices, value=default_preset, label="Preset", info=hidden_note)
     c.lanes = gr.CheckboxGroup(list(METHODS), value=list(METHODS), label="Lanes",
                                info="autoregressive = the reference every speedup is measured against")
-    c.speed = gr.Dropdown(SPEEDS, value=0.0, label="Playback", elem_id="speed",
-                          info="decoding is always timed at full speed; this only paces the animation")
+    c.speed = gr.Dropdown(SPEEDS, value=-1.0, label="Playback", elem_id="speed",
+                          info="live is fastest; 'timed' decodes each lane alone, so its clock is honest, then "
+                               "replays all of them on one clock at the pace chosen")
     gr.Markdown("**All lanes**")
     max_new = gr.Slider(8, 256, value=d.max_new_tokens, step=8, label="max new tokens (N)", elem_id="max-new")
     temperature = gr.Slider(0, 2, value=d.temperature, step=0.05, label="temperature (0 = greedy)")
