@@ -88,7 +88,7 @@ def run_lanes(prompt: str, preset: str, lanes: list[str], settings: Settings, sp
         yield _out(frame=frame_html(views, "Every lane failed."))
         raise gr.Error("; ".join(f"{m}: {e}" for m, e in errors.items()), print_exception=False)
     end_ms = max(t.stats["wall_s"] for t in done.values()) * 1e3
-    words = "decoded side by side, shown live; they shared the CPU" if live else speed_words(end_ms, speed)
+    words = "they shared the CPU" if live else speed_words(end_ms, speed)
     once = {"current": current, "scrubber": gr.Slider(minimum=0, maximum=round(end_ms + 0.1, 1), value=0)}
     for at in playback_times(end_ms, speed) if not live else ():  # phase 2: one shared clock; mini-plots follow
         frame = replay_frame(current, at, playing=True,
@@ -97,8 +97,8 @@ def run_lanes(prompt: str, preset: str, lanes: list[str], settings: Settings, sp
         once = {}  # the replay state goes out with the first frame, so Stop leaves a replayable run
     history = ([*(history or []), *done.values()])[-HISTORY_LIMIT:]
     figures = plots.all_figures(history, done, models.names)
-    caption = ((f"All lanes were decoded at once and shown as they went ({words}: each lane's clock ran slower "
-                "than it would alone; Playback 'auto' times each lane alone)." if live else
+    caption = ((f"All lanes were decoded at once and shown as they went ({words}, so each lane's clock ran slower "
+                "than it would alone; a 'timed' Playback times each lane alone)." if live else
                 f"Each lane was decoded alone, then all played on one shared clock ({words}).") + greedy_note(done))
     yield _out(frame=replay_frame(current, end_ms, caption=caption), run_table=run_table(done, models),
                result=token_result(done), model_info=describe_models(models),
