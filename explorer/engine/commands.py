@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -155,7 +156,11 @@ def _bench(args: argparse.Namespace) -> int:
         write_csv(args.csv, bench)
         print(f"wrote {args.csv} ({len(bench.records)} requests)", file=sys.stderr)
     if args.report:
-        header = {"started": started, "servers": "; ".join(f"{t.label}: {t.url} ({t.model})" for t in targets),
+        from explorer.measure.bench_cli import cpu_name
+
+        header = {"started": started, "client machine": f"{cpu_name()}, {os.cpu_count()} CPUs",
+                  "servers": "; ".join(f"{t.label}: {t.url} ({t.model})" for t in targets)
+                  + " (the batch each ran is the table's mean_running)",
                   "prompts": f"{args.prompts} ({len(prompts)})", "concurrency": args.concurrency,
                   "repeats": str(args.repeats), "max tokens": str(args.max_tokens),
                   "temperature": str(args.temperature), "chat": str(chat)}
