@@ -159,6 +159,14 @@ def test_engine_bench_cli(vllm_ngram, tmp_path, capsys):
     assert code == 0 and "tok/s" in out and (tmp_path / "o.csv").exists() and (tmp_path / "o.html").exists()
 
 
+def test_install_is_idempotent(vllm_servers):
+    """Once installed (scripts/test.sh did it), a second install says nothing and returns the venv's python."""
+    from explorer.engine.install import install_vllm, is_installed, venv_python
+
+    said = []
+    assert is_installed() and install_vllm(say=said.append) == venv_python() and said == []
+
+
 # ---------------------------------------------------------------------------------------------
 # faults
 
