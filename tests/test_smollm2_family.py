@@ -230,3 +230,18 @@ def test_one_default_preset_for_the_api_the_cli_and_the_app():
     args = cli.build_parser().parse_args(["decode", "--prompt", "x", "--method", "autoregressive"])
     assert args.preset == models.DEFAULT_PRESET
     assert ui.DEFAULT_PRESET == models.DEFAULT_PRESET
+
+
+def test_a_new_round_of_wordings_appends_shards_and_keeps_every_earlier_one():
+    """The data stage resumes by shard index: the shards of round 1 must be the same with or without round 2, and
+    round 2 must be new prompts about the same topics (the held-out topics stay out of both)."""
+    from explorer.training.prompts import chat_prompts
+    from explorer.training.smollm2.data import prompt_chunks
+
+    one, two = prompt_chunks(32, rounds=1), prompt_chunks(32, rounds=2)
+    assert two[:len(one)] == one and len(two) > len(one)
+    first = {p["prompt"] for chunk in one for p in chunk}
+    second = [p for chunk in two[len(one):] for p in chunk]
+    assert second and not first & {p["prompt"] for p in second}
+    heldout = {p["id"].split(":")[1] for p in chat_prompts("heldout", rounds=2)}
+    assert not heldout & {p["id"].split(":")[1] for p in second}
