@@ -26,7 +26,16 @@ from explorer.app.lane_settings import load_preset
 from explorer.app.page import STYLE, read_text
 from explorer.app.playback import playback_times, speed_words
 from explorer.decoding.config import validate_prompt
-from explorer.engine.bench import ConfigResult, EngineBench, Target, resolve_targets, run_bench, summary_rows
+from explorer.engine.bench import (
+    ConfigResult,
+    EngineBench,
+    Target,
+    check_url,
+    parse_concurrency,
+    resolve_targets,
+    run_bench,
+    summary_rows,
+)
 from explorer.engine.client import RequestRecord, run_one, served_model
 from explorer.engine.report import acceptance_over_time_figure, latency_figure, throughput_figure
 from explorer.engine.server import ENGINE_PRESETS, default_url, engine_at
@@ -76,26 +85,6 @@ def _label(url: str, fallback: str) -> str:
     return f"{engine.preset} spec={engine.spec}" + (f" γ={engine.gamma}" if engine.gamma else "")
 
 
-def _check_url(url: str | None, what: str = "the engine URL") -> str:
-    url = (url or "").strip()
-    if not url:
-        raise ExplorerError(f"{what} is empty; start one with `python -m explorer engine start` or give the URL "
-                            "of your vLLM server (http://host:port)")
-    if not url.startswith(("http://", "https://")):
-        raise ExplorerError(f"{what} must start with http:// or https:// (got {url!r})")
-    return url.rstrip("/")
-
-
-def parse_concurrency(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in (text or "").replace(" ", "").split(",") if x]
-    except ValueError:
-        raise ExplorerError(f"concurrency: comma-separated whole numbers such as 1,2,4 (got {text!r})") from None
-    if not values or any(not 1 <= c <= MAX_CONCURRENCY for c in values):
-        raise ExplorerError(f"concurrency values must be in 1..{MAX_CONCURRENCY} (got {text!r})")
-    return values
-
-
 def _parse_prompts(text: str) -> list[Prompt]:
     if not (text or "").strip():
         raise ExplorerError("the prompts box is empty: one prompt a line (or JSONL with a \"prompt\" field)")
@@ -108,12 +97,13 @@ def _parse_prompts(text: str) -> list[Prompt]:
 def prepare_workload(url: str, compare: str, prompts_text: str, concurrency: str, repeats: int, max_tokens: int,
                      chat: bool) -> tuple[list[Target], list[Prompt], list[int], str | None]:
     """Every input checked and every server asked for its model before anything is sent (one ExplorerError)."""
-    pairs = [(_label(_check_url(url), "server"), _check_url(url))]
+    first = check_url(url)
+    pairs = [(_label(first, "server"), first)]
     if (compare or "").strip():
-        other = _check_url(compare, "the compare URL")
+        other = check_url(compare, "the compare URL")
         label = _label(other, "compare")
         pairs.append((label if label != pairs[0][0] else f"{label} ({other})", other))
-    prompts, concurrencies = _parse_prompts(prompts_text), parse_concurrency(concurrency)
+    prompts, concurrencies = _parse_prompts(prompts_text), parse_concurrency(concurrency, MAX_CONCURRENCY)
     if int(repeats) < 1 or int(max_tokens) < 1:
         raise ExplorerError("repeats and max tokens must be at least 1")
     total = len(prompts) * int(repeats) * len(concurrencies) * len(pairs)
@@ -340,7 +330,7 @@ def compare_one(url: str, prompt: str, max_tokens: int, temperature: float, chat
     """One streamed request on the engine, then the explorer's speculative decode of the same prompt (each
     alone), then both played on one clock with the real chunk timestamps. Yields (frame, status)."""
     try:
-        url, prompt = _check_url(url), validate_prompt(prompt)
+        url, prompt = check_url(url), validate_prompt(prompt)
         model = served_model(url)
     except ExplorerError as exc:
         yield gr.skip(), f"⚠ {exc}"

@@ -146,20 +146,39 @@ async def run_config(target: Target, prompts: Sequence[Prompt], concurrency: int
     return result
 
 
+def check_url(url: str | None, what: str = "the engine URL") -> str:
+    """A non-empty http(s) URL without its trailing slash, or one clear error naming ``what``."""
+    url = (url or "").strip()
+    if not url:
+        raise ExplorerError(f"{what} is empty; start one with `python -m explorer engine start` or give the URL "
+                            "of your vLLM server (http://host:port)")
+    if not url.startswith(("http://", "https://")):
+        raise ExplorerError(f"{what} must start with http:// or https:// (got {url!r})")
+    return url.rstrip("/")
+
+
 def resolve_targets(urls: Sequence[tuple[str, str]], chat: bool | None = None) -> list[Target]:
     """(label, url) pairs -> Targets with the served model; one clear error for a URL nobody answers."""
     targets = []
     for label, url in urls:
-        if not url.startswith(("http://", "https://")):
-            raise ExplorerError(f"--url must start with http:// or https:// (got {url!r})")
-        targets.append(Target(label, url.rstrip("/"), served_model(url), bool(chat)))
+        url = check_url(url, f"the URL of {label!r}")
+        targets.append(Target(label, url, served_model(url), bool(chat)))
     return targets
 
 
-def check_concurrency(values: Sequence[int]) -> list[int]:
-    if not values or any(c < 1 or c > MAX_CONCURRENCY for c in values):
-        raise ExplorerError(f"--concurrency values must be in 1..{MAX_CONCURRENCY} (got {list(values)})")
+def check_concurrency(values: Sequence[int], limit: int = MAX_CONCURRENCY) -> list[int]:
+    if not values or any(not 1 <= c <= limit for c in values):
+        raise ExplorerError(f"concurrency values must be in 1..{limit} (got {list(values)})")
     return list(values)
+
+
+def parse_concurrency(text: str, limit: int = MAX_CONCURRENCY) -> list[int]:
+    """"1,2,4" -> [1, 2, 4], each in 1..limit (the CLI's --concurrency and the Engine tab's box)."""
+    try:
+        values = [int(x) for x in (text or "").replace(" ", "").split(",") if x]
+    except ValueError:
+        raise ExplorerError(f"concurrency: comma-separated whole numbers such as 1,2,4 (got {text!r})") from None
+    return check_concurrency(values, limit)
 
 
 def run_bench(targets: Sequence[Target], prompts: Sequence[Prompt], concurrencies: Sequence[int], repeats: int = 1,

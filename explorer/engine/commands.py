@@ -12,13 +12,6 @@ from explorer.engine.server import engine_at
 from explorer.errors import ExplorerError
 
 
-def _ints(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ExplorerError(f"expected comma-separated integers such as 1,2,4,8 (got {text!r})") from None
-
-
 def add_arguments(parser: argparse.ArgumentParser, make_sub) -> None:
     from explorer.engine.server import DEFAULT_PORT, ENGINE_PRESETS, SPEC_MODES
 
@@ -119,12 +112,12 @@ def _label_of(url: str, given: str | None, fallback: str) -> str:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from explorer.engine.bench import check_concurrency, resolve_targets, run_bench, summary_rows, write_csv
+    from explorer.engine.bench import parse_concurrency, resolve_targets, run_bench, summary_rows, write_csv
     from explorer.engine.report import write_bench_report
     from explorer.measure.workload import load_prompt_set
 
     url = _default_url(args.url)
-    concurrencies = check_concurrency(_ints(args.concurrency))
+    concurrencies = parse_concurrency(args.concurrency)
     if args.repeats < 1 or args.max_tokens < 1:
         raise ExplorerError("--repeats and --max-tokens must be >= 1")
     prompts = load_prompt_set(args.prompts, args.limit).prompts

