@@ -14,9 +14,9 @@ import pytest
 
 import explorer
 from explorer.cli import main
-from explorer.engine.bench import Target, resolve_targets, run_bench, summary_rows, write_csv
+from explorer.engine.bench import Target, max_streaming, resolve_targets, run_bench, summary_rows, write_csv
 from explorer.engine.checks import acceptance_check, greedy_check
-from explorer.engine.client import run_one
+from explorer.engine.client import Chunk, RequestRecord, run_one
 from explorer.engine.metrics import parse_metrics, scrape
 from explorer.engine.report import write_bench_report
 from explorer.errors import ExplorerError
@@ -140,14 +140,29 @@ def test_workload_at_concurrency_1_and_4(vllm_ngram, vllm_draft, tmp_path):
         assert 0 < row["acceptance"] <= 1 and row["tokens_per_step"] >= 1
         assert row["throughput_tok_s"] > 0
     by = {(r["label"], r["concurrency"]): r for r in rows}
-    assert by[("ngram", 1)]["max_running"] <= 1
-    assert by[("ngram", 4)]["max_running"] >= 2  # the engine really batched the requests
+    for label in ("ngram", "draft"):
+        assert by[(label, 1)]["max_streaming"] == 1 and by[(label, 1)]["max_running"] <= 1
+        # the engine really batched: streams interleaved (the polled gauge can miss a sub-second config)
+        assert by[(label, 4)]["max_streaming"] >= 2 and 0 <= by[(label, 4)]["max_running"] <= 4
     assert "speedup_throughput" in by[("draft", 4)] and "speedup_throughput" not in by[("ngram", 4)]
     write_csv(tmp_path / "rows.csv", bench)
     with open(tmp_path / "rows.csv") as fh:
         assert len(list(csv.DictReader(fh))) == 24
     page = write_bench_report(tmp_path / "r.html", bench, {"x": "y"}, baseline="ngram").read_text()
     assert "p50 and p99 against concurrency" in page and "speculation's gain" in page
+
+
+def test_max_streaming_counts_streams_that_overlapped_not_requests_in_flight():
+    def record(sent, first, last):  # two chunks with tokens, one empty chunk after them
+        r = RequestRecord("x", "u", "p", 2, 0, sent)
+        r.chunks = [Chunk(first, 1, "a"), Chunk(last, 3, "b"), Chunk(last + 0.5, 0, "")]
+        return r
+
+    serial = [record(0.0, 0.5, 1.0), record(0.0, 1.0, 2.0), record(2.0, 0.1, 1.0)]  # queued: in flight, not streaming
+    assert max_streaming(serial) == 1
+    assert max_streaming(serial + [record(0.2, 0.4, 1.5)]) == 2  # streams 0.6-1.7 over 0.5-1.0, then 1.0-2.0
+    assert max_streaming(serial + [record(0.0, 0.6, 0.9), record(0.0, 0.7, 0.8)]) == 3
+    assert max_streaming([record(0.0, 0.1, 0.1)]) == 0  # one chunk: no stream to overlap
 
 
 def test_engine_bench_cli(vllm_ngram, tmp_path, capsys):

@@ -64,6 +64,7 @@ class ConfigResult:
                 row[f"{name}_p{q}_ms"] = percentile(values, q) * 1000 if values else math.nan
         row["mean_running"] = float(np.mean(self.running)) if self.running else math.nan
         row["max_running"] = float(np.max(self.running)) if self.running else math.nan
+        row["max_streaming"] = max_streaming(ok)
         row["tokens_per_chunk_inferred"] = (tokens - len(ok)) / steps if steps else math.nan  # first chunks excluded
         row["accepted_inferred"] = sum(r.inferred_accepted for r in ok)
         if self.spec is not None:
@@ -76,6 +77,22 @@ class ConfigResult:
             row["acceptance"] = "unavailable"
         row["aborted"] = self.aborted or ""
         return row
+
+
+def max_streaming(records: Sequence[RequestRecord]) -> int:
+    """The most requests whose token streams (first to last token, on the client's clock) overlapped at one
+    moment: >= 2 means the engine interleaved their decoding (a serial engine finishes one stream before the
+    next one's first token). Unlike the polled gauge, it cannot miss a short config between two polls."""
+    events = []
+    for r in records:
+        ts = [c.t for c in r.chunks if c.tokens > 0]
+        if len(ts) >= 2:
+            events += [(r.sent + ts[0], 1), (r.sent + ts[-1], -1)]
+    best = now = 0
+    for _, step in sorted(events):  # at equal times -1 sorts first: touching streams do not overlap
+        now += step
+        best = max(best, now)
+    return best
 
 
 @dataclass
