@@ -1,6 +1,7 @@
 """The numbers in assets/models/smollm2-135m/README.md, on held-out chat prompts (unseen topics).
 
     python benchmarks/smollm2_card.py [--limit 12] [--threads 1] [--tokens 64] [--samples] [--drafters assistant,model]
+        [--diffusion-dtypes float32,bfloat16]
 
 1. Speculative decoding (the EAGLE head and the trimmed-head draft, temperature 0) against autoregressive, timed
    interleaved per prompt (AR, spec, AR, spec, ...): tokens per target pass, acceptance, the
@@ -15,6 +16,8 @@
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import statistics
 import sys
 import time
@@ -117,37 +120,46 @@ def cache_table(models, prompts, lengths, block):
                   f"{statistics.mean(r['ent']):.2f} |")
 
 
-def diffusion_table(models, prompts, n, block, show_samples, cache=None):
+def diffusion_table(models, prompts, n, block, show_samples, cache=None, dtypes=("default",), ks=None, seeds=1):
+    """Rows timed interleaved (prompt outer, rows inner). ``dtypes``: the diffusion model's dtype per set of rows
+    ("default": as loaded, bfloat16 on a CPU with native bf16; "float32" / "bfloat16": a copy in that dtype); ``ks``:
+    the diffusion steps (default N and N/2); ``seeds``: samples per prompt (seeds i, i + 1000, ...)."""
     fixed = ignoring_eos(models)
     c = {"cache": cache} if cache else {}
-    rows = [("autoregressive, temperature 1", "autoregressive", dict(temperature=1.0)),
-            (f"diffusion K={n}, blocks of {block}, temperature 1, cache {cache or 'default'}", "diffusion",
-             dict(steps=n, block_length=block, temperature=1.0, **c)),
-            (f"diffusion K={n // 2}, blocks of {block}, temperature 1, cache {cache or 'default'}", "diffusion",
-             dict(steps=n // 2, block_length=block, temperature=1.0, **c))]
-    print(f"\n## Quality next to speed (N = {n} new tokens, EOS ignored, {len(prompts)} held-out prompts)")
+    rows = [("autoregressive, temperature 1", "autoregressive", dict(temperature=1.0), fixed)]
+    for name in dtypes:
+        side = fixed if name == "default" else dataclasses.replace(
+            fixed, diffusion=copy.deepcopy(fixed.diffusion).to(getattr(torch, name)))
+        dt = str(next(side.diffusion.parameters()).dtype).replace("torch.", "")
+        rows += [(f"diffusion K={k}, blocks of {block}, temperature 1, cache {cache or 'default'}, {dt}", "diffusion",
+                  dict(steps=k, block_length=block, temperature=1.0, **c), side) for k in (ks or (n, n // 2))]
+    print(f"\n## Quality next to speed (N = {n} new tokens, EOS ignored, {len(prompts)} held-out prompts x {seeds} "
+          "seeds, rows interleaved per prompt)")
     print("| decoder | generative perplexity (target as judge), median | token entropy (bits), mean | "
           "distinct 3-grams, mean | latency ms, median | passes |")
     print("|---|---|---|---|---|---|")
-    texts = {}
-    for label, method, kw in rows:
-        ppl, ent, dist, lat, passes = [], [], [], [], []
-        texts[label] = []
-        for i, prompt in enumerate(prompts):
-            trace = explorer.decode(method, fixed, prompt, max_new_tokens=n, seed=i, **kw)
-            q = score_quality(models, trace)
-            ppl.append(q["perplexity"])
-            ent.append(q["token_entropy_bits"])
-            dist.append(distinct_ngram_ratio(trace.token_ids))
-            lat.append(trace.stats["wall_s"] * 1e3)
-            passes.append(trace.stats["target_forward_passes"])
-            texts[label].append(trace.text)
-        print(f"| {label} | {statistics.median(ppl):.1f} | {statistics.mean(ent):.2f} | {statistics.mean(dist):.3f} | "
-              f"{statistics.median(lat):.0f} | {statistics.median(passes):.0f} |")
+    got = {label: {"ppl": [], "ent": [], "dist": [], "lat": [], "passes": [], "texts": []} for label, *_ in rows}
+    for _label, method, kw, side in rows:  # warm-up
+        explorer.decode(method, side, prompts[0], max_new_tokens=8, seed=0,
+                        **{**kw, "steps": 8} if method == "diffusion" else kw)
+    for i, prompt in ((i + 1000 * r, p) for r in range(seeds) for i, p in enumerate(prompts)):
+        for label, method, kw, side in rows:
+            trace = explorer.decode(method, side, prompt, max_new_tokens=n, seed=i, **kw)
+            q, g = score_quality(models, trace), got[label]
+            g["ppl"].append(q["perplexity"])
+            g["ent"].append(q["token_entropy_bits"])
+            g["dist"].append(distinct_ngram_ratio(trace.token_ids))
+            g["lat"].append(trace.stats["wall_s"] * 1e3)
+            g["passes"].append(trace.stats["target_forward_passes"])
+            g["texts"].append(trace.text)
+    for label, g in got.items():
+        print(f"| {label} | {statistics.median(g['ppl']):.1f} | {statistics.mean(g['ent']):.2f} | "
+              f"{statistics.mean(g['dist']):.3f} | {statistics.median(g['lat']):.0f} | "
+              f"{statistics.median(g['passes']):.0f} |")
     if show_samples:
         ar_label, diff_label = rows[0][0], rows[1][0]
         print(f"\n## Samples: {ar_label} | {diff_label}")
-        for prompt, a, d in zip(prompts, texts[ar_label], texts[diff_label], strict=True):
+        for prompt, a, d in zip(prompts, got[ar_label]["texts"], got[diff_label]["texts"], strict=False):
             print(f"\n**{prompt}**\n\n- AR: {a!r}\n- diffusion: {d!r}")
 
 
@@ -161,6 +173,10 @@ def main() -> None:
     ap.add_argument("--samples", action="store_true", help="print twelve outputs of AR and diffusion")
     ap.add_argument("--cache", default=None, help="diffusion KV cache for the diffusion rows (none|prefix|dual)")
     ap.add_argument("--drafters", default="assistant,model", help="drafters of the gamma table")
+    ap.add_argument("--diffusion-dtypes", default="default",
+                    help="comma list for the diffusion rows: default (as loaded), float32, bfloat16")
+    ap.add_argument("--diffusion-ks", default="", help="comma list of diffusion steps K (default N and N/2)")
+    ap.add_argument("--seeds", type=int, default=1, help="diffusion table: samples per prompt")
     ap.add_argument("--cache-lengths", default="64,128", help="N of the cache table")
     ap.add_argument("--skip", default="", help="comma list of sections to skip: spec,sampled,others,diffusion,cache")
     args = ap.parse_args()
@@ -180,7 +196,9 @@ def main() -> None:
         for drafter in drafters:
             sampled_acceptance(models, prompts, args.tokens, models.preset.gamma, drafter)
     if "diffusion" not in skip:
-        diffusion_table(models, prompts, args.tokens, args.block, args.samples, args.cache)
+        diffusion_table(models, prompts, args.tokens, args.block, args.samples, args.cache,
+                        args.diffusion_dtypes.split(","),
+                        [int(k) for k in args.diffusion_ks.split(",") if k] or None, args.seeds)
     if "cache" not in skip:
         cache_table(models, prompts, [int(n) for n in args.cache_lengths.split(",")], args.block)
 

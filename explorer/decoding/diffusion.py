@@ -103,7 +103,7 @@ def denoise(model: nn.Module, x: torch.Tensor, start: int, end: int, rows: list[
     logits, dt = timed_forward(model, x[:, start:end], cache, keep=keep, **positions)
     if cache is not None and not fill:
         cache.crop(cached - cache.get_seq_length())  # drop the fed positions (a negative count)
-    return (logits[0] if keep is not None else logits[0, rel]), dt, end - start
+    return (logits[0] if keep is not None else logits[0, rel]).float(), dt, end - start  # a bf16 model: fp32 scores
 
 
 def fill_cache(model: nn.Module, x: torch.Tensor, start: int, end: int,
