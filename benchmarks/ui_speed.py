@@ -6,7 +6,8 @@ A measurement, not a test: numbers depend on the machine and its load. Method:
   * start: a fresh interpreter imports the app, builds and launches it, then loads and warms up
     the preset (what the first visitor waits for);
   * click -> frame and fps: real Chromium (if /usr/bin/chromium exists) clicks Run and a
-    MutationObserver stamps every DOM update of the lanes;
+    MutationObserver stamps every DOM update of the lanes, another the run table's first (the results, sent
+    with the plots when the run has ended);
   * render cost: render.lanes_html on the final (largest) frame of each lane;
   * UI overhead: each lane's decoder wall time inside the running app (worker thread, frames
     rendered and streamed to a gradio_client in this process) against explorer.decode alone in a
@@ -68,6 +69,11 @@ OBSERVER = """() => {
     if (!last || last.key !== key) window.frames.push({t, key, tokens: tokens.reduce((a, b) => a + b, 0),
       done: lanes.querySelectorAll('.lane[data-status="done"]').length});
   }).observe(lanes, {subtree: true, childList: true, characterData: true, attributes: true});
+  window.resultsAt = null;  // the run table gets its lane rows (with the plots) when the run has ended
+  const table = document.querySelector('#run-table');
+  new MutationObserver(() => {
+    if (window.resultsAt === null && table.textContent.includes('speculative')) window.resultsAt = performance.now();
+  }).observe(table, {subtree: true, childList: true, characterData: true});
   window.clicked = performance.now();
   document.querySelector('#run').click();
 }"""
@@ -103,9 +109,10 @@ def measure_browser(preset: str, runs: int) -> dict:
             _fill(page)
             for _ in range(runs):
                 page.evaluate(OBSERVER)
-                page.wait_for_function("window.frames.length && window.frames.at(-1).done === 3", timeout=300_000)
+                page.wait_for_function("window.frames.length && window.frames.at(-1).done === 3 && window.resultsAt",
+                                       timeout=300_000)
                 page.wait_for_timeout(300)
-                results.append(_frame_stats(page.evaluate("[window.clicked, window.frames]")))
+                results.append(_frame_stats(page.evaluate("[window.clicked, window.frames, window.resultsAt]")))
                 page.reload()
                 page.wait_for_selector("#model-info >> text=Device", timeout=300_000)
                 _fill(page)
@@ -133,13 +140,14 @@ def _fill(page) -> None:
 
 
 def _frame_stats(data: list) -> dict:
-    clicked, frames = data
+    clicked, frames, results_at = data
     animated = [f for f in frames if f["tokens"] > 0]
     first, last = animated[0]["t"], frames[-1]["t"]
     gaps = [b["t"] - a["t"] for a, b in zip(animated, animated[1:], strict=False)]
     playing = [g for g in gaps if g < 200]  # between lanes the next decoder runs: not animation
     return {"click_to_first_frame_ms": frames[0]["t"] - clicked, "click_to_first_token_frame_ms": first - clicked,
             "frames": len(animated), "click_to_last_frame_s": (last - clicked) / 1e3,
+            "click_to_results_s": (results_at - clicked) / 1e3,  # the run table (sent with the plots)
             "longest_still_ms": max([b["t"] - a["t"] for a, b in zip(frames, frames[1:], strict=False)]
                                     + [frames[0]["t"] - clicked]),
             "fps_whole_run": (len(animated) - 1) / ((last - first) / 1e3) if last > first else float("nan"),
