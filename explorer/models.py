@@ -160,10 +160,7 @@ def load_models(preset: str = DEFAULT_PRESET, device: str = "auto", dtype: str |
     if key in _CACHE:
         _CACHE.move_to_end(key)
         return _CACHE[key]
-    models = _load_uncached(preset, dev, dt, hub_ids)
-    if dtype is None and bf16_diffusion(models.preset, dev, dt):
-        models.diffusion.to(torch.bfloat16)  # the diffusion model is the preset's own copy, never the target
-        models.names["diffusion"] = f"{models.names.get('diffusion', 'diffusion')} in bfloat16 (native on this CPU)"
+    models = _load_uncached(preset, dev, dt, hub_ids, auto_dtype=dtype is None)
     _CACHE[key] = models
     while len(_CACHE) > CACHE_SIZE:
         _CACHE.popitem(last=False)
@@ -212,7 +209,8 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device, preset:
     return table[dtype]
 
 
-def _load_uncached(name: str, device: torch.device, dtype: torch.dtype, hub_ids: dict[str, str]) -> Models:
+def _load_uncached(name: str, device: torch.device, dtype: torch.dtype, hub_ids: dict[str, str],
+                   auto_dtype: bool = False) -> Models:
     if name == "custom":
         preset = Preset("custom", "hub", "Hub ids given by the user (no remote code).", chat=True, **hub_ids)
     else:
@@ -229,6 +227,9 @@ def _load_uncached(name: str, device: torch.device, dtype: torch.dtype, hub_ids:
         if m is not None:
             m.eval().requires_grad_(False)
     check_same_vocabulary(models.target, models.draft)
+    if auto_dtype and models.diffusion is not None and bf16_diffusion(preset, device, dtype):
+        models.diffusion.to(torch.bfloat16)  # the diffusion model is the preset's own copy, never the target
+        models.names["diffusion"] = f"{models.names.get('diffusion', 'diffusion')} in bfloat16 (native on this CPU)"
     return models
 
 

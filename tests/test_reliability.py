@@ -24,7 +24,7 @@ def test_load_test_refuses_non_loopback_targets(url):
 def test_model_cache_is_bounded_lru(monkeypatch):
     loads = []
 
-    def fake_load(name, device, dtype, hub_ids):
+    def fake_load(name, device, dtype, hub_ids, **_):
         loads.append(name)
         return object()
 
