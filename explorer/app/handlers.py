@@ -18,6 +18,7 @@ from explorer.app.page import read_text
 from explorer.app.playback import (
     decode_alone,
     decode_side_by_side,
+    error_text,
     frame_html,
     lane_view,
     one_torch_thread,
@@ -138,7 +139,7 @@ def _guarded(frames: Iterator[tuple], errors: dict[str, str], method: str) -> It
     try:
         yield from frames
     except gr.Error as exc:
-        errors[method] = str(exc.message if hasattr(exc, "message") else exc)
+        errors[method] = error_text(exc)
 
 
 def short_text(text: str, chars: int = 40) -> str:

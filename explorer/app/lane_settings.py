@@ -136,8 +136,9 @@ def describe_models(models: Models) -> str:
         share = f" (draft = {memory['draft'] / memory['target']:.0%} of the target's weights, plus its KV cache)"
     names = "; ".join(f"{role}: `{name}`" for role, name in models.names.items())
     dtypes = str(models.dtype).replace("torch.", "")
-    if models.diffusion is not None and model_dtype(models.diffusion, models.dtype) != models.dtype:
-        dtypes += f" (diffusion model {str(model_dtype(models.diffusion, models.dtype)).replace('torch.', '')})"
+    diffusion_dtype = model_dtype(models.diffusion, models.dtype)  # the target's dtype when there is none
+    if diffusion_dtype != models.dtype:
+        dtypes += f" (diffusion model {str(diffusion_dtype).replace('torch.', '')})"
     return (f"**Preset `{models.preset.name}`** — {models.preset.description}  \n"
             f"Device **{models.device}**, dtype **{dtypes}**, batch size 1. "
             f"Models: {names}.  \nWeights: {mem}{share}.")

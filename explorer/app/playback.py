@@ -78,6 +78,11 @@ def _decode_worker(method: str, models: Models, prompt: str, options: dict[str, 
         out.put(("error", exc))
 
 
+def error_text(exc: gr.Error) -> str:
+    """The message a gr.Error carries (what a lane shows when its decode failed)."""
+    return str(exc.message if hasattr(exc, "message") else exc)
+
+
 def _receive(inbox: queue.Queue, received: list[Event], deadline: float) -> Trace | None:
     """Append the events that arrive before ``deadline``; return the Trace if the decode ended."""
     while True:
@@ -139,7 +144,7 @@ def decode_side_by_side(methods: list[str], models: Models, prompt: str, options
                 try:
                     trace = _receive(inboxes[m], received[m], deadline)
                 except gr.Error as exc:
-                    errors[m] = str(exc.message if hasattr(exc, "message") else exc)
+                    errors[m] = error_text(exc)
                     continue
                 if trace is not None:
                     traces[m] = trace

@@ -48,12 +48,12 @@ from explorer.app.page import (
     STYLE,
     read_text,
 )
-from explorer.app.playback import initial_frame, replay_at, replay_play, replay_step
+from explorer.app.playback import LIVE, initial_frame, replay_at, replay_play, replay_step
 from explorer.decoding.config import CACHES, DRAFTERS, METHODS, REMASKING, validate_prompt
 from explorer.errors import ExplorerError
 from explorer.models import DEFAULT_PRESET
 
-SPEEDS = [("live: all lanes decode at once, shown as they go (they share the CPU)", -1.0),
+SPEEDS = [("live: all lanes decode at once, shown as they go (they share the CPU)", LIVE),
           ("timed: each lane alone, then all replayed, about 4 s", 0.0), ("timed, replayed in real time", 1.0),
           ("timed, replayed 2× slower", 2.0), ("timed, replayed 10× slower", 10.0),
           ("timed, replayed 100× slower", 100.0)]
@@ -125,7 +125,7 @@ def _build_settings(c: Controls, default_preset: str) -> list[Any]:
     c.preset = gr.Dropdown(choices, value=default_preset, label="Preset", info=hidden_note)
     c.lanes = gr.CheckboxGroup(list(METHODS), value=list(METHODS), label="Lanes",
                                info="autoregressive = the reference every speedup is measured against")
-    c.speed = gr.Dropdown(SPEEDS, value=-1.0, label="Playback", elem_id="speed",
+    c.speed = gr.Dropdown(SPEEDS, value=LIVE, label="Playback", elem_id="speed",
                           info="live is fastest; 'timed' decodes each lane alone, so its clock is honest, then "
                                "replays all of them on one clock at the pace chosen")
     gr.Markdown("**All lanes**")
