@@ -113,8 +113,29 @@ def evaluate_diffusion(model, heldout: list[dict], mask_id: int, eos_id: int, ts
     return out
 
 
+def load_exported_diffusion(model, mask_vec, folder: Path, rank: int) -> None:
+    """Start from an exported adapter (``assets/models/smollm2-135m/diffusion``): its LoRA factors and [MASK]
+    embedding, for a work dir without a checkpoint (the optimizer starts fresh)."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    if not (folder / "adapter_model.safetensors").exists():
+        raise ExplorerError(f"--init-from {folder} holds no adapter_model.safetensors")
+    cfg = json.loads((folder / "adapter_config.json").read_text())
+    if cfg.get("r") != rank:
+        raise ExplorerError(f"--init-from {folder} holds a rank-{cfg.get('r')} adapter; "
+                            f"pass --lora-rank {cfg.get('r')}")
+    set_peft_model_state_dict(model, load_file(str(folder / "adapter_model.safetensors")))
+    with torch.no_grad():
+        mask_vec.copy_(load_file(str(folder / "mask_embedding.safetensors"))["mask_embedding"].float())
+
+
 def train_diffusion(work: Path, budget_min: float, rank: int = 16, batch: int = 4, lr: float = 5e-4,
-                    seed: int = 0, eval_every_s: float = 900.0, min_rows: int = 64) -> dict:
+                    seed: int = 0, eval_every_s: float = 900.0, min_rows: int = 64,
+                    init_from: Path | None = None, bf16: bool = False) -> dict:
+    """Train (or resume) the diffusion adapter for ``budget_min`` minutes. ``bf16``: forward and backward
+    under bfloat16 autocast (worth it only on a CPU with native bf16); the weights and optimizer stay fp32."""
     from peft import get_peft_model_state_dict, set_peft_model_state_dict
 
     budget = budget_seconds(budget_min)
@@ -140,6 +161,14 @@ def train_diffusion(work: Path, budget_min: float, rank: int = 16, batch: int = 
             mask_vec.copy_(ckpt["mask_vec"])
         opt.load_state_dict(ckpt["opt"])
         progress = ckpt["progress"]
+    elif init_from is not None:
+        load_exported_diffusion(model, mask_vec, init_from, rank)
+        report = Path(init_from).parent / "train_report.json"
+        if report.exists():  # carry the exported run's counters, so tokens seen keep adding up
+            old = json.loads(report.read_text()).get("diffusion", {})
+            progress.update({k: old[k] for k in ("steps", "sequences", "answer_tokens_seen", "seconds", "runs")
+                             if k in old})
+        progress["init_from"] = str(init_from)
     progress["runs"] += 1
     heldout = heldout_answers(work, target, tok)
     gen = torch.Generator().manual_seed(seed + 7919 * progress["runs"])
@@ -173,7 +202,8 @@ def train_diffusion(work: Path, budget_min: float, rank: int = 16, batch: int = 
             for i in order[start_i:start_i + batch]:  # one sequence per pass: no padding in the attention
                 answer = crop_answer(rows[i]["answer_ids"], eos, DIFFUSION_ANSWER_TOKENS)
                 t = float(torch.rand((), generator=gen)) * (1 - 1e-3) + 1e-3
-                loss = masked_diffusion_loss(model, rows[i]["prompt_ids"], answer, mask_id, t, gen) / batch
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                    loss = masked_diffusion_loss(model, rows[i]["prompt_ids"], answer, mask_id, t, gen) / batch
                 loss.backward()
                 total += float(loss.detach())
                 progress["answer_tokens_seen"] += len(answer)
