@@ -114,7 +114,36 @@ PYTHON_TEMPLATES_2 = [
     "Write a Python script that {t} and prints the result for a sample input.",
 ]
 
-ROUNDS = [(GENERAL_TEMPLATES, PYTHON_TEMPLATES), (GENERAL_TEMPLATES_2, PYTHON_TEMPLATES_2)]
+# A third round: step-by-step and list answers, short dialogues and quizzes, three other languages, and code in
+# other languages than Python (the same topics and tasks, so the held-out split stays a split by topic).
+GENERAL_TEMPLATES_3 = [
+    "Explain step by step how {t} works.",
+    "Make a numbered list of the most important things to know about {t}.",
+    "Write a short dialogue between a student and a teacher about {t}.",
+    "Write three quiz questions about {t}, with their answers.",
+    "Explique {t} en termes simples, en français.",
+    "Explica {t} en pocas palabras, en español.",
+    "Erkläre {t} in einfachen Worten auf Deutsch.",
+    "What are the pros and cons of {t}?",
+    "Give an everyday example that shows {t}.",
+    "Write a short blog post introduction about {t}.",
+    "Answer in one sentence: what is {t}?",
+    "I am writing a school report on {t}. What should I include?",
+]
+
+PYTHON_TEMPLATES_3 = [
+    "Write a JavaScript function that {t}.",
+    "Write a C function that {t}.",
+    "Write a Java method that {t}.",
+    "Write a TypeScript function that {t}, with types.",
+    "Write a Rust function that {t}.",
+    "Write pseudocode for a function that {t}, then the Python version.",
+    "Here is a task: a function that {t}. Write it in Python and explain each line.",
+    "Write a Python function that {t}, and show its output on two examples.",
+]
+
+ROUNDS = [(GENERAL_TEMPLATES, PYTHON_TEMPLATES), (GENERAL_TEMPLATES_2, PYTHON_TEMPLATES_2),
+          (GENERAL_TEMPLATES_3, PYTHON_TEMPLATES_3)]
 
 
 def _topics(blob: str) -> list[str]:

@@ -20,7 +20,8 @@ from explorer.training.smollm2.export import export
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m explorer.train smollm2",
                                  description="Train the SmolLM2-135M draft and diffusion partner (CPU, resumable).")
-    ap.add_argument("stage", choices=["data", "draft", "eagle", "diffusion", "export"], help="which stage to run")
+    ap.add_argument("stage", choices=["data", "compact", "draft", "eagle", "diffusion", "export"],
+                    help="which stage to run")
     ap.add_argument("--work-dir", type=Path, default=DEFAULT_WORK, help="checkpoints and data (default %(default)s)")
     ap.add_argument("--budget-min", type=float, default=30.0, help="wall-clock budget of this run, in minutes")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1: leave a core free)")
@@ -40,7 +41,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="diffusion: bfloat16 autocast for forward and backward (a CPU with native bf16)")
     ap.add_argument("--lora-rank", type=int, default=16, help="diffusion: LoRA rank")
     ap.add_argument("--lr", type=float, default=None, help="peak learning rate")
-    ap.add_argument("--out", type=Path, default=None, help="export: destination (default assets/models/smollm2-135m)")
+    ap.add_argument("--out", type=Path, default=None, help="export: destination (default assets/models/smollm2-135m); "
+                    "compact: where the compact shards go (default data/smollm2-distill)")
     return ap.parse_args(argv)
 
 
@@ -60,6 +62,12 @@ def main(argv=None) -> None:
                 raise ExplorerError(f"--part must be in 0 .. {args.parts - 1} (got {args.part})")
             generate_data(work, args.budget_min, batch=args.batch or 32, max_new=args.max_new, seed=args.seed,
                           part=args.part, parts=args.parts)
+        elif args.stage == "compact":
+            import json
+
+            from explorer.training.smollm2.store import compact_folder
+
+            print(json.dumps(compact_folder(work / "data", args.out or Path("data/smollm2-distill"))))
         elif args.stage == "draft":
             train_draft(work, args.budget_min, layers=args.layers, keep_vocab=args.keep_vocab or 8192,
                         batch=args.batch or 8, lr=args.lr or 3e-4, seed=args.seed, init_from=args.init_from)

@@ -64,9 +64,11 @@ def log_event(work: Path, stage: str, **fields) -> None:
 
 
 def load_rows(work: Path, limit: int | None = None) -> list[dict]:
+    from explorer.training.smollm2.store import load_shard, shard_paths
+
     rows = []
-    for path in sorted((work / "data").glob("shard_*.pt"))[:limit]:
-        rows.extend(torch.load(path))
+    for path in list(shard_paths(work / "data").values())[:limit]:
+        rows.extend(load_shard(path))
     return rows
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from explorer.training.prompts import chat_prompts
+from explorer.training.prompts import ROUNDS, chat_prompts
 from explorer.training.smollm2.common import (
     TOP_K,
     budget_seconds,
@@ -19,6 +19,7 @@ from explorer.training.smollm2.common import (
     load_target,
     log_event,
 )
+from explorer.training.smollm2.store import save_compact, shard_paths
 
 
 class FeatureRecorder:
@@ -52,7 +53,7 @@ class TopKRecorder:
         return scores
 
 
-def prompt_chunks(batch: int, seed: int = 0, rounds: int = 2) -> list[list[dict]]:
+def prompt_chunks(batch: int, seed: int = 0, rounds: int = len(ROUNDS)) -> list[list[dict]]:
     """The shards' prompts, in shard order: each round of wordings (``prompts.ROUNDS``) cut into batches of its
     own, so adding a round appends shards and leaves every earlier shard as it was."""
     chunks = []
@@ -64,8 +65,9 @@ def prompt_chunks(batch: int, seed: int = 0, rounds: int = 2) -> list[list[dict]
 
 
 def generate_data(work: Path, budget_min: float, batch: int = 32, max_new: int = 256, seed: int = 0,
-                  part: int = 0, parts: int = 1, rounds: int = 2) -> dict:
-    """Append shards of (prompt ids, answer ids, teacher top-k) until the budget or the prompts run out.
+                  part: int = 0, parts: int = 1, rounds: int = len(ROUNDS)) -> dict:
+    """Append compact shards (prompt and answer ids, ``store.save_compact``) until the budget or the prompts
+    run out. (Shards made before the compact form also hold the teacher's top-k log-probs.)
 
     The target's final hidden states along each prompt + answer are kept beside it (work/eagle/feats)
     for the EAGLE head. Shard ``i`` holds the ``i``-th batch of ``prompt_chunks`` (fixed order), so a run
@@ -80,8 +82,8 @@ def generate_data(work: Path, budget_min: float, batch: int = 32, max_new: int =
     n_shards = len(chunks)
     start, made, tokens = time.time(), 0, 0
     # ``parts`` processes can share the work: process ``part`` takes shard pairs (greedy, T=1) p, p+parts...
-    todo = [i for i in range(n_shards)
-            if (i // 2) % parts == part and not (data / f"shard_{i:05d}.pt").exists()]
+    have = shard_paths(data)
+    todo = [i for i in range(n_shards) if (i // 2) % parts == part and i not in have]
     bar = tqdm(todo, desc="data (shards)")
     for i in bar:
         chunk = chunks[i]
@@ -113,9 +115,7 @@ def generate_data(work: Path, budget_min: float, batch: int = 32, max_new: int =
         feats_dir.mkdir(parents=True, exist_ok=True)
         torch.save(feats, feats_dir / f"shard_{i:05d}.tmp")  # before the shard: a shard never lacks features
         (feats_dir / f"shard_{i:05d}.tmp").rename(feats_dir / f"shard_{i:05d}.pt")
-        tmp = data / f"shard_{i:05d}.tmp"
-        torch.save(rows, tmp)
-        tmp.rename(data / f"shard_{i:05d}.pt")
+        save_compact(data / f"shard_{i:05d}.npz", rows)
         made += 1
         bar.set_postfix(tokens=tokens, tok_s=f"{tokens / (time.time() - start):.0f}")
         log_event(work, "data", shard=i, answer_tokens=sum(len(r["answer_ids"]) for r in rows))
@@ -123,6 +123,6 @@ def generate_data(work: Path, budget_min: float, batch: int = 32, max_new: int =
             break
     total = sum(len(r["answer_ids"]) for r in load_rows(work))
     info = {"shards_made": made, "answer_tokens_this_run": tokens, "seconds": time.time() - start,
-            "answer_tokens_total": total, "shards_total": len(list(data.glob("shard_*.pt")))}
+            "answer_tokens_total": total, "shards_total": len(shard_paths(data))}
     print(json.dumps(info))
     return info

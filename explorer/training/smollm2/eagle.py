@@ -28,6 +28,7 @@ from explorer.training.smollm2.common import (
     schedule_lr,
 )
 from explorer.training.smollm2.draft import token_counts
+from explorer.training.smollm2.store import load_shard, shard_paths
 
 
 @torch.no_grad()
@@ -59,10 +60,10 @@ def cached_features(work: Path, target, bar: bool = True) -> list[tuple[dict, to
     feats_dir = work / "eagle" / "feats"
     feats_dir.mkdir(parents=True, exist_ok=True)
     pairs = []
-    shards = sorted((work / "data").glob("shard_*.pt"))
+    shards = list(shard_paths(work / "data").values())
     for shard in tqdm(shards, desc="eagle features", disable=not bar):
-        rows = torch.load(shard)
-        cached = feats_dir / shard.name
+        rows = load_shard(shard)
+        cached = feats_dir / f"{shard.stem}.pt"
         if not cached.exists():
             feats = target_features(target, [sequence(r) for r in rows])
             torch.save(feats, cached.with_suffix(".tmp"))
@@ -169,7 +170,7 @@ def train_eagle(work: Path, budget_min: float, keep_vocab: int = 16384, depths: 
     budget = budget_seconds(budget_min)
     if not 1 <= depths <= 8:
         raise ExplorerError(f"--depths must be between 1 and 8 (got {depths})")
-    if not list((work / "data").glob("shard_*.pt")):
+    if not list(shard_paths(work / "data")):
         raise ExplorerError(f"no answers in {work / 'data'}; run the data stage first")
     target, tok = load_target(work)
     vocab = target.config.vocab_size
@@ -204,7 +205,7 @@ def train_eagle(work: Path, budget_min: float, keep_vocab: int = 16384, depths: 
     done, step_in_run, last_save, last_eval = False, 0, time.time(), time.time()
     weights = [0.8 ** d for d in range(depths)]
     def shard_count() -> int:
-        return len(list((work / "data").glob("shard_*.pt")))
+        return len(list(shard_paths(work / "data")))
 
     shards = shard_count()
     while not done:
