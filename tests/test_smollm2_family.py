@@ -144,7 +144,8 @@ def test_miniature_training_of_both_recipes_exports_files_that_load_and_decode(m
     assert again["shards_total"] == info["shards_total"] + again["shards_made"] and again["shards_made"] >= 1
     rows = smollm2.load_rows(mini_work)
     assert len(rows) == 2 * again["shards_total"]
-    assert rows[0]["top_ids"].shape == (len(rows[0]["answer_ids"]), smollm2.TOP_K)
+    assert rows[0]["top_ids"].shape == (len(rows[0]["answer_ids"]), 1)  # compact shards: the one-hot teacher
+    assert sorted(p.suffix for p in (mini_work / "data").glob("shard_*")) == [".npz"] * again["shards_total"]
     draft_info = smollm2.train_draft(mini_work, budget_min=0.05, layers=1, keep_vocab=64, batch=2, min_rows=2)
     assert draft_info["progress"]["tokens_seen"] > 0
     diff_info = smollm2.train_diffusion(mini_work, budget_min=0.05, rank=2, batch=2, min_rows=2)
@@ -165,7 +166,27 @@ def test_miniature_training_of_both_recipes_exports_files_that_load_and_decode(m
     smollm2.train_draft(mini_work, budget_min=0.01, layers=1, batch=2, min_rows=2, init_from=out / "draft")
     restarted = torch.load(mini_work / "draft" / "ckpt.pt")
     assert restarted["progress"]["runs"] == 1 and torch.equal(restarted["kept_ids"], report_kept(out))
+    for stage in ("eagle", "diffusion"):  # the same for the head and the adapter, with bf16 autocast
+        (mini_work / stage / "ckpt.pt").rename(mini_work / stage / "old.pt")
+    eagle_again = smollm2.train_eagle(mini_work, budget_min=0.01, keep_vocab=64, depths=2, batch=2, min_rows=2,
+                                      init_from=out / "eagle", bf16=True)
+    assert eagle_again["progress"]["runs"] == report["eagle"]["runs"] + 1
+    assert eagle_again["progress"]["tokens_seen"] > report["eagle"]["tokens_seen"]  # counted on from the export
+    diff_again = smollm2.train_diffusion(mini_work, budget_min=0.01, rank=2, batch=2, min_rows=2,
+                                         init_from=out / "diffusion", bf16=True)
+    assert diff_again["progress"]["answer_tokens_seen"] > report["diffusion"]["answer_tokens_seen"]
     target, tok = smollm2.load_target(mini_work)
+    # the restarted adapter began at the exported one: its run's first logged evaluation is the export's
+    from explorer.training.smollm2.diffusion import build_diffusion, evaluate_diffusion, load_exported_diffusion
+    logged = [json.loads(line) for line in (mini_work / "log.jsonl").read_text().splitlines()]
+    start = next(e for e in logged if e["stage"] == "diffusion_eval" and e["runs"] == diff_again["progress"]["runs"])
+    fresh, vec, mask_id = build_diffusion(target, tok, 2)
+    heldout = common.heldout_answers(mini_work, target, tok)
+    untrained = evaluate_diffusion(fresh, heldout, mask_id, tok.eos_token_id)
+    load_exported_diffusion(fresh, vec, out / "diffusion", 2)
+    exported = evaluate_diffusion(fresh, heldout, mask_id, tok.eos_token_id)
+    assert exported != untrained
+    assert all(abs(start[k] - v) < 1e-4 for k, v in exported.items()), (start, exported)
     draft = load_trimmed_draft(out / "draft", target, torch.float32)
     diffusion = load_diffusion_adapter(out / "diffusion", target, torch.float32)
     head = load_eagle_head(out / "eagle", target, torch.float32)

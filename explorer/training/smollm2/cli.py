@@ -35,10 +35,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="draft, eagle: size of the trimmed head (FR-Spec; default 8192 draft, 16384 eagle)")
     ap.add_argument("--depths", type=int, default=3, help="eagle: drafting steps unrolled in training")
     ap.add_argument("--init-from", type=Path, default=None,
-                    help="draft, diffusion: start from an exported folder (e.g. assets/models/smollm2-135m/draft "
-                         "or .../diffusion) when the work dir has no checkpoint")
+                    help="draft, eagle, diffusion: start from an exported folder (e.g. assets/models/smollm2-135m/"
+                         "draft, .../eagle or .../diffusion) when the work dir has no checkpoint")
     ap.add_argument("--bf16", action="store_true",
-                    help="diffusion: bfloat16 autocast for forward and backward (a CPU with native bf16)")
+                    help="eagle, diffusion: bfloat16 autocast for forward and backward (a CPU with native bf16)")
     ap.add_argument("--lora-rank", type=int, default=16, help="diffusion: LoRA rank")
     ap.add_argument("--lr", type=float, default=None, help="peak learning rate")
     ap.add_argument("--out", type=Path, default=None, help="export: destination (default assets/models/smollm2-135m); "
@@ -73,7 +73,8 @@ def main(argv=None) -> None:
                         batch=args.batch or 8, lr=args.lr or 3e-4, seed=args.seed, init_from=args.init_from)
         elif args.stage == "eagle":
             train_eagle(work, args.budget_min, keep_vocab=args.keep_vocab or 16384, depths=args.depths,
-                        batch=args.batch or 8, lr=args.lr or 5e-4, seed=args.seed)
+                        batch=args.batch or 8, lr=args.lr or 5e-4, seed=args.seed, init_from=args.init_from,
+                        bf16=args.bf16)
         elif args.stage == "diffusion":
             train_diffusion(work, args.budget_min, rank=args.lora_rank, batch=args.batch or 4,
                             lr=args.lr or 5e-4, seed=args.seed, init_from=args.init_from, bf16=args.bf16)

@@ -164,8 +164,11 @@ def heldout_pairs(work: Path, target, tok) -> list[tuple[dict, torch.Tensor]]:
 
 
 def train_eagle(work: Path, budget_min: float, keep_vocab: int = 16384, depths: int = 3, batch: int = 8,
-                lr: float = 5e-4, seed: int = 0, eval_every_s: float = 600.0, min_rows: int = 64) -> dict:
-    from explorer.families.eagle import build_eagle_head
+                lr: float = 5e-4, seed: int = 0, eval_every_s: float = 600.0, min_rows: int = 64,
+                init_from: Path | None = None, bf16: bool = False) -> dict:
+    """Train (or resume) the EAGLE head. Without a checkpoint, ``init_from`` (an exported head folder) gives its
+    weights, kept vocabulary and counters; ``bf16`` runs forward and backward under bfloat16 autocast."""
+    from explorer.families.eagle import build_eagle_head, load_eagle_head
 
     budget = budget_seconds(budget_min)
     if not 1 <= depths <= 8:
@@ -177,6 +180,14 @@ def train_eagle(work: Path, budget_min: float, keep_vocab: int = 16384, depths: 
     ckpt_path = work / "eagle" / "ckpt.pt"
     ckpt_path.parent.mkdir(parents=True, exist_ok=True)
     state = torch.load(ckpt_path) if ckpt_path.exists() else None
+    if state is None and init_from is not None:
+        shipped = load_eagle_head(Path(init_from), target, torch.float32)
+        report = Path(init_from).parent / "train_report.json"
+        old = json.loads(report.read_text()).get("eagle", {}) if report.exists() else {}
+        state = {"kept_ids": shipped.kept_ids.clone(), "model": shipped.state_dict(), "opt": None,
+                 "progress": {"steps": old.get("steps", 0), "tokens_seen": old.get("tokens_seen", 0),
+                              "seconds": old.get("seconds", 0.0), "runs": old.get("runs", 0),
+                              "init_from": str(init_from)}}
     if state is not None:
         kept_ids = state["kept_ids"]
     else:
@@ -189,7 +200,8 @@ def train_eagle(work: Path, budget_min: float, keep_vocab: int = 16384, depths: 
     progress = {"steps": 0, "tokens_seen": 0, "seconds": 0.0, "runs": 0}
     if state is not None:
         head.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
+        if state["opt"] is not None:
+            opt.load_state_dict(state["opt"])
         progress = state["progress"]
     progress["runs"] += 1
     heldout = heldout_pairs(work, target, tok)
@@ -219,7 +231,8 @@ def train_eagle(work: Path, budget_min: float, keep_vocab: int = 16384, depths: 
                 break
             schedule_lr(opt, lr, step_in_run, elapsed / budget)
             next_ids, feats, plens, lens = batch_tensors([pairs[i] for i in order[s:s + batch]])
-            losses = depth_losses(head, next_ids, feats, plens, lens, depths, gen=gen)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                losses = depth_losses(head, next_ids, feats, plens, lens, depths, gen=gen)
             loss = sum(w * x for w, x in zip(weights, losses, strict=True)) / sum(weights)
             optimizer_step(opt, params, loss)
             step_in_run += 1
