@@ -73,6 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     ds.add_argument("--private", action="store_true", help="create the Space private")
     e = sub.add_parser("engine", help="start, measure and cross-check a live vLLM server (engine mode)")
     engine_commands.add_arguments(e, _Parser)
+    dc = sub.add_parser("decide", help="the deployment checklist on your prompts: acceptance by group, the tail, "
+                        "batch, memory, a swap, diffusion, and a verdict per group")
+    from explorer.measure import decide_cli
+
+    decide_cli.add_arguments(dc)
     b = sub.add_parser("bench", help="run a workload and print p50/p95/p99")
     from explorer.measure import bench_cli
 
@@ -173,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
             return run_loadtest(args)
         if args.command == "engine":
             return engine_commands.run(args)
+        if args.command == "decide":
+            from explorer.measure import decide_cli
+
+            return decide_cli.run(args)
         if args.command == "deploy-space":
             from explorer.app.hosting import deploy_space
 

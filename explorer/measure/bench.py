@@ -49,7 +49,7 @@ SWEEPS = ("bench", "gamma", "temperature", "drafter", "drafter_gamma", "diffusio
 METHOD_OPTIONS = {
     "autoregressive": ("max_new_tokens", "temperature", "seed"),
     "speculative": ("max_new_tokens", "temperature", "seed", "gamma", "drafter", "cache"),
-    "diffusion": ("max_new_tokens", "temperature", "seed", "steps", "block_length", "cache"),
+    "diffusion": ("max_new_tokens", "temperature", "seed", "steps", "block_length", "cache", "threshold"),
 }
 GAMMAS = (1, 2, 3, 4, 6, 8)
 TEMPERATURES = (0.0, 0.5, 1.0, 1.5)

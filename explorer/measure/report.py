@@ -197,11 +197,12 @@ def peer_figure(frame: pd.DataFrame) -> go.Figure:
 # ---------------------------------------------------------------------------------------------
 # the page
 
-def write_report(path: str | Path, header: dict[str, str], sections: list[Section]) -> Path:
+def write_report(path: str | Path, header: dict[str, str], sections: list[Section],
+                 title: str = "Decoding explorer: benchmark report") -> Path:
     """One HTML file with plotly.js inline (works offline), the header, then every section."""
     path = Path(path)
     head_rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in header.items())
-    body = [f"<h1>Decoding explorer: benchmark report</h1><table class='header'>{head_rows}</table>"]
+    body = [f"<h1>{html.escape(title)}</h1><table class='header'>{head_rows}</table>"]
     for section in sections:
         body.append(f"<h2>{html.escape(section.title)}</h2>")
         body += [f"<p>{html.escape(note)}</p>" for note in section.notes]
@@ -210,7 +211,7 @@ def write_report(path: str | Path, header: dict[str, str], sections: list[Sectio
             body.append(f"<h3>{html.escape(name)}</h3>")
             table_html = table.to_html(index=False, float_format=lambda v: f"{v:.4g}", na_rep="", border=0)
             body.append(f"<div class='scroll'>{table_html}</div>")
-    page = ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>Benchmark report</title>"
+    page = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             "<style>body{font-family:system-ui,sans-serif;margin:2em;max-width:1300px}"
             "table{border-collapse:collapse;font-size:13px}td,th{padding:3px 8px;border-bottom:1px solid #ddd;"
             "text-align:left}table.header th{width:12em}.scroll{overflow-x:auto}</style>"

@@ -1,8 +1,9 @@
 """Workloads: prompt sets (shipped or the user's own file) and output-quality scores.
 
 A prompt file is either one prompt a line (plain text) or JSON Lines, one object a line:
-``{"prompt": "...", "temperature": 1.2, "id": "optional"}`` (a temperature there overrides
-the run's for that prompt). Multi-line prompts (code) need JSONL. Bad files raise one
+``{"prompt": "...", "temperature": 1.2, "id": "optional", "category": "optional"}`` (a temperature
+there overrides the run's for that prompt; a category names the prompt's group in
+``explorer decide``). Multi-line prompts (code) need JSONL. Bad files raise one
 ExplorerError sentence; very long files are cut to ``MAX_PROMPTS`` with a notice.
 """
 
@@ -41,6 +42,7 @@ class Prompt:
     id: str
     text: str
     temperature: float | None = None  # None: the run's temperature
+    category: str | None = None  # a JSONL line's "category" (the decision's groups); None: grouped automatically
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,11 @@ def _json_prompt(line: str, lineno: int, source: str) -> Prompt:
                                  and math.isfinite(temperature) and temperature >= 0)
     if not ok:
         raise ExplorerError(f"{source}, line {lineno}: temperature must be a number >= 0 (got {temperature!r})")
-    return Prompt(str(obj.get("id", f"line-{lineno}")), obj["prompt"], temperature)
+    category = obj.get("category")
+    if category is not None and (not isinstance(category, str) or not category.strip()):
+        raise ExplorerError(f"{source}, line {lineno}: category must be a non-empty string (got {category!r})")
+    return Prompt(str(obj.get("id", f"line-{lineno}")), obj["prompt"], temperature,
+                  category.strip() if category else None)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,128 @@
+"""``explorer decide``: the verdict logic against synthetic requests with known numbers, the tail flag, the automatic
+groups, and one end-to-end run on ``tiny`` (every section in the JSON, with intervals; an unreachable engine and an
+empty group each one line while the rest of the report is written; bad files one line)."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from explorer.cli import main
+from explorer.measure.decide import categorize, crossing, group_rows, tail_flag, verdict
+
+
+def _requests(category: str, ar_spt: float, spec_spt: float, n: int = 12, seed: int = 0,
+              spread: float = 0.05) -> list[dict]:
+    """n AR and n speculative requests whose seconds per token scatter by ``spread`` around the given values."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        noise = 1 + spread * rng.standard_normal()  # the same draw for both methods: equal speeds give a ratio of 1
+        for method, spt in (("autoregressive", ar_spt), ("speculative", spec_spt)):
+            own = noise if method == "autoregressive" or spread < 0.2 else 1 + spread * rng.standard_normal()
+            x = spt * max(0.1, own)
+            rows.append({"category": category, "temperature": 0.0, "method": method, "prompt_id": f"{category}-{i}",
+                         "repeat": 0, "new_tokens": 32, "latency_s": 32 * x, "seconds_per_token": x,
+                         "target_forward_passes": 16 if method == "speculative" else 32,
+                         "proposed": 48 if method == "speculative" else 0,
+                         "accepted": 24 if method == "speculative" else 0, "itl_s": [x] * 31})
+    return rows
+
+
+def test_verdicts_follow_the_speedup_interval_on_known_numbers():
+    frame = pd.DataFrame(_requests("code", 0.010, 0.005) + _requests("prose", 0.010, 0.020, seed=1)
+                         + _requests("mixed", 0.010, 0.010, seed=2)
+                         + _requests("noisy", 0.012, 0.010, n=5, seed=3, spread=0.5))
+    rows = {r["group"]: r for r in group_rows(frame)}
+    code, prose, mixed = rows["code at T = 0"], rows["prose at T = 0"], rows["mixed at T = 0"]
+    assert code["verdict"] == "enable" and code["speedup_lo"] > 1 and abs(code["speedup"] - 2) < 0.1
+    numbers = f"{code['speedup']:.2f}x [{code['speedup_lo']:.2f}, {code['speedup_hi']:.2f}]"
+    assert code["line"] == f"enable for code at T = 0: {numbers}"
+    assert prose["verdict"] == "do not enable" and prose["speedup_hi"] < 1 and abs(prose["speedup"] - 0.5) < 0.05
+    assert mixed["verdict"] == "no clear gain" and mixed["speedup_lo"] < 1 < mixed["speedup_hi"]
+    noisy = rows["noisy at T = 0"]  # a gain on average whose interval still spans 1 decides nothing
+    assert noisy["speedup"] > 1 > noisy["speedup_lo"] and noisy["verdict"] == "no clear gain"
+    assert code["acceptance"] == pytest.approx(0.5) and code["tokens_per_pass"] == pytest.approx(2.0)
+    assert code["acceptance_lo"] <= 0.5 <= code["acceptance_hi"]
+    assert "all traffic (pooled)" in rows
+
+
+def test_too_few_requests_decide_nothing():
+    assert verdict("x", (2.0, 2.0, 2.0), n=1)["verdict"] == "too few requests"
+    assert verdict("x", (2.0, 1.5, 2.5), n=3)["verdict"] == "enable"
+
+
+def test_the_tail_flag_says_when_the_mean_improves_and_p99_does_not():
+    ar = [1.0] * 100
+    spec = [0.5] * 97 + [3.0] * 3  # faster on average, slower at p99
+    assert tail_flag(ar, spec) == "the mean latency improves but p99 does not"
+    assert tail_flag(ar, [0.5] * 100) == ""
+    assert tail_flag(ar, [1.5] * 100) == ""
+
+
+def test_crossing_of_the_gain_through_one():
+    assert crossing([1, 2, 4, 8], [1.5, 1.3, 1.1, 0.9]) == pytest.approx(6.0)
+    assert crossing([1, 2, 4], [1.5, 1.3, 1.1]) is None
+    assert crossing([1, 2], [0.8, 0.7]) == 1.0
+
+
+@pytest.mark.parametrize("text, tokens, expected", [
+    ("def parse(line):", 5, "code"), ("Write a JavaScript function that sorts", 8, "code"),
+    ("Explique la photosynthèse en termes simples.", 12, "non-English"), ("Erkläre, warum der Himmel blau ist.", 9,
+                                                                          "non-English"),
+    ("Tell me about the moon.", 6, "prose"), ("Tell me about the moon.", 900, "long context")])
+def test_automatic_groups(text, tokens, expected):
+    assert categorize(text, tokens) == expected
+
+
+@pytest.fixture(scope="module")
+def decided(tmp_path_factory):
+    path = tmp_path_factory.mktemp("decide")
+    traffic = path / "traffic.jsonl"
+    lines = [{"prompt": p, "category": "code"} for p in ("def add(a, b):", "import os\ndef walk(path):",
+                                                         "class Stack:\n    def push(self, x):")]
+    lines += [{"prompt": p} for p in ("The weather today is", "Once upon a time there", "My favourite food is")]
+    lines.append({"prompt": "word " * 600, "category": "huge"})  # longer than tiny's context: an empty group
+    traffic.write_text("\n".join(json.dumps(x) for x in lines))
+    out = path / "out.json"
+    code = main(["decide", "--preset", "tiny", "--prompts", str(traffic), "--max-new-tokens", "8",
+                 "--engine", "http://127.0.0.1:9", "--compare", "http://127.0.0.1:9",
+                 "--json", str(out), "--html", str(path / "out.html")])
+    return code, json.loads(out.read_text()), (path / "out.html").read_text()
+
+
+def test_every_section_is_in_the_json_with_intervals(decided):
+    code, result, page = decided
+    assert code == 0
+    groups = {g["group"]: g for g in result["groups"]}
+    assert {"code at T = 0", "prose at T = 0", "all traffic (pooled)"} <= set(groups)
+    for g in result["groups"]:
+        assert g["speedup_lo"] <= g["speedup"] <= g["speedup_hi"] and g["verdict"] and g["line"]
+        assert g["acceptance_lo"] <= g["acceptance"] <= g["acceptance_hi"]
+    assert {(t["method"], t["metric"]) for t in result["tail"]} >= {
+        ("autoregressive", "request latency"), ("speculative", "inter-token latency")}
+    assert all(t["p99_lo_ms"] <= t["p99_ms"] <= t["p99_hi_ms"] for t in result["tail"] if t["n"])
+    assert result["batch"]["source"] == "predicted" and result["batch"]["rows"]  # the engine did not answer
+    assert result["memory"] and result["memory"][0]["drafter_kv_bytes"] > 0  # tiny's drafter is a model
+    assert {r["config"] for r in result["diffusion"]} >= {"K=8", "threshold 0.9"}
+    assert result["header"]["preset"] == "tiny" and "machine" in result["header"]
+    assert "the decision" in page and "Verdicts" in page
+
+
+def test_an_unreachable_engine_and_an_empty_group_are_one_line_each(decided):
+    _, result, _ = decided
+    assert len([e for e in result["errors"] if e.startswith("batch:")]) == 1
+    assert len([e for e in result["errors"] if "'huge'" in e]) == 1
+    assert "huge" not in {g["category"] for g in result["groups"]}
+
+
+@pytest.mark.parametrize("content, message", [(None, "not found"), ('{"prompt": "x", "category": 3}', "category"),
+                                              ("{not json", "not valid JSON")])
+def test_a_missing_or_malformed_file_is_one_line(tmp_path, capsys, content, message):
+    path = tmp_path / "t.jsonl"
+    if content is not None:
+        path.write_text(content)
+    assert main(["decide", "--preset", "tiny", "--prompts", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
