@@ -87,7 +87,7 @@ def decided(tmp_path_factory):
     traffic.write_text("\n".join(json.dumps(x) for x in lines))
     out = path / "out.json"
     code = main(["decide", "--preset", "tiny", "--prompts", str(traffic), "--max-new-tokens", "8",
-                 "--engine", "http://127.0.0.1:9", "--compare", "http://127.0.0.1:9",
+                 "--engine", "http://127.0.0.1:9", "--compare", "http://127.0.0.1:9", "--swap", "tiny",
                  "--json", str(out), "--html", str(path / "out.html")])
     return code, json.loads(out.read_text()), (path / "out.html").read_text()
 
@@ -107,6 +107,9 @@ def test_every_section_is_in_the_json_with_intervals(decided):
     assert result["memory"] and result["memory"][0]["drafter_kv_bytes"] > 0  # tiny's drafter is a model
     assert {r["config"] for r in result["diffusion"]} >= {"K=8", "threshold 0.9"}
     assert result["header"]["preset"] == "tiny" and "machine" in result["header"]
+    # re-measured after a "swap" to the same target: greedy acceptance is deterministic, so nothing moved
+    swap = {r["group"]: r for r in result["swap"]}
+    assert set(swap) == set(groups) and all(r["acceptance_change"] == 0 for r in swap.values())
     assert "the decision" in page and "Verdicts" in page
 
 
