@@ -129,3 +129,28 @@ def test_a_missing_or_malformed_file_is_one_line(tmp_path, capsys, content, mess
     assert main(["decide", "--preset", "tiny", "--prompts", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+def test_the_batch_sentence():
+    from explorer.measure.decide import batch_sentence
+
+    rows = [{"predicted_speedup_forward": g} for g in (1.4, 1.2, 0.9)]
+    assert batch_sentence({"source": "predicted", "rows": rows, "crosses_1_at_batch": 3.3}).endswith("batch 3.3")
+    rows[0]["predicted_speedup_forward"] = 0.8
+    assert "already 0.80x at batch 1" in batch_sentence({"source": "predicted", "rows": rows, "crosses_1_at_batch": 1})
+    assert "stays above 1" in batch_sentence({"source": "measured", "rows": rows, "crosses_1_at_batch": None})
+
+
+def test_the_checklist_tab_fills_in_the_tables_and_refuses_bad_input():
+    import gradio as gr
+
+    from explorer.app.decide_tab import EXAMPLE, decide_tab
+
+    verdicts, groups, tail, memory, diffusion, files = decide_tab("tiny", EXAMPLE, None, "0", 8, False)
+    assert "code at T = 0" in verdicts and "prose at T = 0" in verdicts and "batch (predicted)" in verdicts
+    assert list(groups["group"])[:2] == ["code at T = 0", "prose at T = 0"] and len(tail) and len(memory)
+    assert diffusion.empty and [f.rsplit(".", 1)[1] for f in files] == ["json", "html"]
+    for text, temps, message in (("", "0", "paste prompts"), (EXAMPLE, "hot", "temperatures"),
+                                 ("\n".join(["x"] * 30), "0", "at most 24")):
+        with pytest.raises(gr.Error, match=message):
+            decide_tab("tiny", text, None, temps, 8, False)

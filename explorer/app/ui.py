@@ -294,7 +294,9 @@ def build_demo(default_preset: str = DEFAULT_PRESET) -> gr.Blocks:
             with gr.Tab("Audit: is it lossless?"):
                 _build_audit(c)
             with gr.Tab("Deployment checklist"):
-                gr.Markdown(read_text("checklist.md"))
+                from explorer.app.decide_tab import build_decide_tab
+
+                build_decide_tab(c.preset)
         _wire(c, demo)
     return demo.queue(max_size=32, default_concurrency_limit=1)
 

@@ -178,6 +178,18 @@ def crossing(batches: list[float], gains: list[float]) -> float | None:
     return None
 
 
+def batch_sentence(batch: dict[str, object]) -> str:
+    """One line: where the gain crosses 1, or that it never was above 1, or never falls to it."""
+    rows, where = batch["rows"], batch["crosses_1_at_batch"]
+    first = rows[0].get("predicted_speedup_forward", rows[0].get("speedup_throughput")) if rows else None
+    label = f"batch ({batch['source']})"
+    if where is None:
+        return f"{label}: the gain stays above 1 at every batch measured"
+    if first is not None and float(first) <= 1:
+        return f"{label}: no gain at any batch (already {float(first):.2f}x at batch 1)"
+    return f"{label}: the gain crosses 1 at batch {where:.1f}"
+
+
 def predicted_batch(models: Models, s: DecideSettings, acceptance: float) -> dict[str, object]:
     from explorer.measure.costs import batch_costs
 

@@ -21,6 +21,7 @@ from explorer.errors import ExplorerError
 from explorer.measure.bench_cli import cpu_name, load_average
 from explorer.measure.decide import (
     DecideSettings,
+    batch_sentence,
     diffusion_rows,
     group_rows,
     measured_batch,
@@ -141,8 +142,7 @@ def sections(result: dict) -> list[Section]:
     batch = result.get("batch") or {}
     if batch:
         out.append(Section(f"3. Batch size ({batch['source']})", [], {"by batch": pd.DataFrame(batch["rows"])},
-                           [batch["how"], f"the gain crosses 1 at batch {batch['crosses_1_at_batch']}"
-                            if batch["crosses_1_at_batch"] else "the gain stays above 1 at every batch measured"]))
+                           [batch["how"], batch_sentence(batch)]))
     out.append(Section("4. The drafter's memory (measured)", [], {"memory": pd.DataFrame(result["memory"])}))
     if result.get("swap"):
         out.append(Section("5. After a swap", [], {"swap": pd.DataFrame(result["swap"])}))
@@ -172,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     models = explorer.load_models(args.preset, device=args.device, dtype=args.dtype)
     swap = explorer.load_models(args.swap, device=args.device) if args.swap else None
     result = decide(models, sets, s, args.engine, args.compare, swap)
-    for line in result["verdicts"]:
+    for line in result["verdicts"] + ([batch_sentence(result["batch"])] if result.get("batch") else []):
         print(line)
     for line in result["errors"]:
         print(f"error: {line}", file=sys.stderr)
