@@ -13,16 +13,18 @@ On a page served beyond this machine that is a server-side request forgery into 
 The check runs on resolved addresses (``socket.getaddrinfo``): a host name with even one address outside what is
 allowed is refused. Against DNS rebinding the clients here resolve and check again at every connection and then
 connect to the very addresses they checked (``_PinnedBackend``), never to the name. Redirects are never followed,
-and proxies from the environment are ignored (``trust_env=False``: a proxy would fetch the URL for us).
+and proxies from the environment are never used (a proxy would fetch any URL for us).
 
 The command line does not use this: its user types URLs on their own machine.
 """
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 import socket
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,17 +188,18 @@ class EnginePolicy:
         return url
 
     def client(self, timeout: float | httpx.Timeout = 5.0) -> httpx.Client:
-        """A client that connects only where this policy allows and follows no redirect."""
-        transport = httpx.HTTPTransport(trust_env=False)
+        """A client that connects only where this policy allows and follows no redirect. (Given a transport,
+        httpx takes no proxy from the environment; ``trust_env=False`` says so.)"""
+        transport = httpx.HTTPTransport(verify=_ssl_context(), trust_env=False)
         transport._pool = httpcore.ConnectionPool(  # httpx takes no network backend: give it a pool that has ours
-            ssl_context=httpx.create_ssl_context(trust_env=False), network_backend=_PinnedBackend(self))
+            ssl_context=_ssl_context(), network_backend=_PinnedBackend(self))
         return httpx.Client(transport=transport, follow_redirects=False, trust_env=False, timeout=timeout)
 
     def async_client(self, timeout: float | httpx.Timeout = 5.0) -> httpx.AsyncClient:
         """The asyncio twin of ``client`` (what the openai client streams through)."""
-        transport = httpx.AsyncHTTPTransport(trust_env=False)
-        transport._pool = httpcore.AsyncConnectionPool(
-            ssl_context=httpx.create_ssl_context(trust_env=False), network_backend=_AsyncPinnedBackend(self))
+        transport = httpx.AsyncHTTPTransport(verify=_ssl_context(), trust_env=False)
+        transport._pool = httpcore.AsyncConnectionPool(ssl_context=_ssl_context(),
+                                                       network_backend=_AsyncPinnedBackend(self))
         return httpx.AsyncClient(transport=transport, follow_redirects=False, trust_env=False, timeout=timeout)
 
 
@@ -208,6 +211,12 @@ def policy_for(exposed_by: str, env: Mapping[str, str] | None = None, home: Path
 def environment_policy(env: Mapping[str, str] | None = None, home: Path | None = None) -> EnginePolicy:
     """The policy the environment alone gives (no launched app to ask): Gradio's variables and ``ENV_VAR``."""
     return policy_for(exposure(env=env), env, home)
+
+
+@functools.cache
+def _ssl_context() -> ssl.SSLContext:
+    """One verifying context for every client (/metrics is polled ten times a second; loading CAs is not free)."""
+    return httpx.create_ssl_context(trust_env=False)
 
 
 # ---------------------------------------------------------------------------------------------
