@@ -6,6 +6,10 @@ redraws at most every POLL_S, so the page follows the run, and Stop (a per-sessi
 after the requests in flight. Bad input and a server that does not answer end in one status line, never an
 exception: the page keeps serving. Layout and wiring live here too, so ui.py imports the engine only where the
 tab is shown (not on a Space).
+
+Every fetch goes through the tab's ``EnginePolicy`` (explorer/engine/allow.py), read per request from how the app
+was launched (bind address, share link, proxy): on a server shared with a class it fetches only the engines its
+operator listed, and nothing at all (not even at page load) until some are.
 """
 
 from __future__ import annotations
@@ -20,25 +24,21 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-import explorer
-from explorer.app import narration, render
-from explorer.app.lane_settings import load_preset
+from explorer.app.engine_compare import compare_frame, compare_one
 from explorer.app.page import STYLE, read_text
-from explorer.app.playback import playback_times, speed_words
-from explorer.decoding.config import validate_prompt
+from explorer.engine.allow import EnginePolicy, exposure, policy_for
 from explorer.engine.bench import (
     ConfigResult,
     EngineBench,
     Target,
-    check_url,
     parse_concurrency,
     resolve_targets,
     run_bench,
     summary_rows,
 )
-from explorer.engine.client import RequestRecord, run_one, served_model
+from explorer.engine.client import RequestRecord
 from explorer.engine.report import acceptance_over_time_figure, latency_figure, throughput_figure
-from explorer.engine.server import ENGINE_PRESETS, default_url, engine_at
+from explorer.engine.server import default_url, engine_at
 from explorer.errors import ExplorerError
 from explorer.measure.workload import Prompt, parse_prompts
 
@@ -51,7 +51,6 @@ DEFAULT_PROMPTS = "\n".join([
     "Explain what a hash table is in two sentences.",
     "for i in range(10):",
 ])
-DRAFTER_FOR_SPEC = {"ngram": "prompt_lookup", "draft": "model"}  # vLLM's method -> the explorer's drafter
 NO_ENGINE = ("No engine started here: run `python -m explorer engine start` in a shell, or give the URL of your "
              "own vLLM server.")
 WORKLOAD_OUTPUTS = ("status", "acceptance", "latency", "itl", "throughput", "table")
@@ -63,13 +62,29 @@ _CANCELS: dict[str, threading.Event] = {}  # session -> the Stop of its running 
 # ----------------------------------------------------------------------------------------------
 # which server, under which name
 
-def engine_defaults() -> tuple[str, bool, str]:
-    """URL, chat and status at page load: the engine ``engine start`` launched, if one runs now."""
+def tab_policy(demo: gr.Blocks | None = None, request: gr.Request | None = None) -> EnginePolicy:
+    """What the tab may fetch for this request: from how ``demo`` was launched (bind address, share link, root
+    path), the visitor's request (a proxy's forwarding headers) and, where those say nothing, the environment."""
+    headers = getattr(request, "headers", None) if request is not None else None
+    client = getattr(request, "client", None) if request is not None else None
+    why = exposure(getattr(demo, "server_name", None), bool(getattr(demo, "share", False)),
+                   getattr(demo, "root_path", "") or "", dict(headers or {}), getattr(client, "host", None))
+    return policy_for(why)
+
+
+def engine_defaults(policy: EnginePolicy | None = None) -> tuple[str, bool, str]:
+    """URL, chat and status at page load: the engine ``engine start`` launched, if one runs now and may be used,
+    else the first listed URL. Nothing is fetched (and nothing at all is offered when the policy is closed)."""
+    policy = policy or tab_policy()
+    if policy.closed:
+        return "", False, f"⚠ {policy.closed_message()}"
     url = default_url()
-    if url is None:
-        return "", False, NO_ENGINE
-    engine = engine_at(url)
-    return url, bool(engine and engine.chat), f"Engine found: {_label(url, url)} at {url}."
+    if url is not None and (policy.loopback or policy.listed):  # started here: loopback, and listed once any is
+        engine = engine_at(url)
+        return url, bool(engine and engine.chat), f"Engine found: {_label(url, url)} at {url}."
+    if policy.listed:
+        return policy.listed[0], False, f"Engines this app may use: {', '.join(policy.listed)}."
+    return "", False, NO_ENGINE
 
 
 def chat_for(url: str) -> Any:
@@ -95,12 +110,13 @@ def _parse_prompts(text: str) -> list[Prompt]:
 
 
 def prepare_workload(url: str, compare: str, prompts_text: str, concurrency: str, repeats: int, max_tokens: int,
-                     chat: bool) -> tuple[list[Target], list[Prompt], list[int], str | None]:
-    """Every input checked and every server asked for its model before anything is sent (one ExplorerError)."""
-    first = check_url(url)
+                     chat: bool, policy: EnginePolicy) -> tuple[list[Target], list[Prompt], list[int], str | None]:
+    """Every input checked (the URLs against ``policy``) and every server asked for its model before anything is
+    sent (one ExplorerError)."""
+    first = policy.check_url(url)
     pairs = [(_label(first, "server"), first)]
     if (compare or "").strip():
-        other = check_url(compare, "the compare URL")
+        other = policy.check_url(compare, "the compare URL")
         label = _label(other, "compare")
         pairs.append((label if label != pairs[0][0] else f"{label} ({other})", other))
     prompts, concurrencies = _parse_prompts(prompts_text), parse_concurrency(concurrency, MAX_CONCURRENCY)
@@ -110,7 +126,7 @@ def prepare_workload(url: str, compare: str, prompts_text: str, concurrency: str
     if total > MAX_REQUESTS:
         raise ExplorerError(f"{total} requests asked for (prompts × repeats × concurrencies × servers); the tab sends "
                             f"at most {MAX_REQUESTS}: `python -m explorer engine bench` has no limit")
-    targets = resolve_targets(pairs, bool(chat))
+    targets = resolve_targets(pairs, bool(chat), policy)
     return targets, prompts, concurrencies, (pairs[1][0] if len(pairs) > 1 else None)
 
 
@@ -128,10 +144,11 @@ class _Live:
 
 
 def _work(live: _Live, targets: list[Target], prompts: list[Prompt], concurrencies: list[int], repeats: int,
-          max_tokens: int, temperature: float, cancel: threading.Event) -> None:
+          max_tokens: int, temperature: float, cancel: threading.Event, policy: EnginePolicy) -> None:
     try:
         live.bench = run_bench(targets, prompts, concurrencies, repeats, max_tokens, temperature,
-                               on_record=live.records.append, on_config=live.configs.append, cancel=cancel)
+                               on_record=live.records.append, on_config=live.configs.append, cancel=cancel,
+                               policy=policy)
     except Exception as exc:  # reported in the status line by the handler
         live.error = str(exc) if isinstance(exc, ExplorerError) else f"{type(exc).__name__}: {exc}"
 
@@ -148,13 +165,16 @@ def stop_workload(request: gr.Request | None = None) -> None:
 
 
 def run_workload(url: str, compare: str, prompts_text: str, concurrency: str, repeats: int, max_tokens: int,
-                 temperature: float, chat: bool, request: gr.Request | None = None) -> Iterator[tuple]:
+                 temperature: float, chat: bool, request: gr.Request | None = None,
+                 policy: EnginePolicy | None = None) -> Iterator[tuple]:
     """Send the prompts at each concurrency (servers interleaved); yield (status, acceptance over time, e2e
-    latency, ITL, table) as requests finish, at most every POLL_S, and once more at the end."""
+    latency, ITL, table) as requests finish, at most every POLL_S, and once more at the end. Nothing is fetched
+    that ``policy`` (default: ``tab_policy`` of the request) refuses."""
     skip = (gr.skip(),) * (len(WORKLOAD_OUTPUTS) - 1)
+    policy = policy or tab_policy(None, request)
     try:
         targets, prompts, concurrencies, baseline = prepare_workload(url, compare, prompts_text, concurrency,
-                                                                     repeats, max_tokens, chat)
+                                                                     repeats, max_tokens, chat, policy)
     except ExplorerError as exc:
         yield (f"⚠ {exc}", *skip)
         return
@@ -162,7 +182,7 @@ def run_workload(url: str, compare: str, prompts_text: str, concurrency: str, re
     _CANCELS[key] = cancel
     total = len(prompts) * int(repeats) * len(concurrencies) * len(targets)
     worker = threading.Thread(target=_work, args=(live, targets, prompts, concurrencies, int(repeats),
-                                                  int(max_tokens), float(temperature), cancel),
+                                                  int(max_tokens), float(temperature), cancel, policy),
                               name="engine-workload", daemon=True)
     started = time.perf_counter()
     worker.start()
@@ -262,143 +282,6 @@ def workload_table(rows: list[dict[str, Any]], running: set[tuple[str, int]] = f
 
 
 # ----------------------------------------------------------------------------------------------
-# one request: the engine's bursts beside the explorer's speculative lane
-
-@dataclass
-class _Pair:
-    """One compared request: the engine's record (with its steps as chips) and the explorer's trace, if any."""
-
-    prompt: str
-    record: RequestRecord
-    steps: list[tuple[float, int, list[str]]]  # (seconds after sending, tokens, pieces) per chunk with tokens
-    detail: str
-    trace: Any = None
-    piece: render.Piece | None = None
-    note: str = ""
-
-    @property
-    def end_s(self) -> float:
-        return max(self.record.done or 0.0, float(self.trace.stats["wall_s"]) if self.trace else 0.0)
-
-
-def _steps(record: RequestRecord, piece: render.Piece | None) -> list[tuple[float, int, list[str]]]:
-    """Chunks with tokens; split into token pieces when the server sent ids for every token and we can read them."""
-    chunks = [c for c in record.chunks if c.tokens > 0]
-    ids = list(record.token_ids or [])
-    split = piece is not None and len(ids) == sum(c.tokens for c in chunks)
-    out, at = [], 0
-    for c in chunks:
-        pieces = [piece(i) for i in ids[at:at + c.tokens]] if split else [c.text]
-        out.append((c.t, c.tokens, pieces))
-        at += c.tokens
-    return out
-
-
-def _engine_narration(pair: _Pair, shown: list[tuple[float, int, list[str]]]) -> str:
-    if not shown:
-        text = "Nothing streamed yet: the engine reads the prompt (prefill) and sends the first token."
-    else:
-        _, k, pieces = shown[-1]
-        quoted = " ".join(f"<code>{render.visible_html(p)}</code>" for p in pieces)
-        text = (f"Step {len(shown)}: one chunk of {k} token(s), {quoted}"
-                + ("; the prefill's token." if len(shown) == 1 else
-                   f": {k - 1} draft(s) accepted and the target's own token, inferred from the stream."))
-    return f'<p class="narr narr-engine" data-lane="engine"><b>vLLM engine.</b> {text}</p>'
-
-
-def compare_frame(pair: _Pair | None, at_s: float | None = None, caption: str = "") -> str:
-    """Both lanes as they were ``at_s`` seconds after each started (None: the end)."""
-    if pair is None:
-        lane = render.burst_lane_html("vLLM engine", "", "", [], 0.0, "waiting", "press Compare")
-        return render.lanes_html([lane], ["autoregressive", "speculative"], caption)
-    end = pair.end_s if at_s is None else at_s
-    lanes, views = [], []
-    if pair.trace is not None:
-        view = render.trace_view(pair.trace, pair.piece, end, unfinished="running")
-        lanes.append(render.lane_html(view))
-        views.append(view)
-    shown = [s for s in pair.steps if s[0] <= end]
-    done = end >= (pair.record.done or 0.0)
-    lanes.append(render.burst_lane_html("vLLM engine", pair.detail, pair.prompt, [(k, p) for _, k, p in shown],
-                                        min(end, pair.record.done or 0.0), "done" if done else "running", pair.note))
-    story = (narration.narration_html(views) if views else '<div class="narr-title">What just happened</div>')
-    return render.lanes_html(lanes, ["autoregressive", "speculative"], caption, story + _engine_narration(pair, shown))
-
-
-def compare_one(url: str, prompt: str, max_tokens: int, temperature: float, chat: bool,
-                speed: float) -> Iterator[tuple[str, str]]:
-    """One streamed request on the engine, then the explorer's speculative decode of the same prompt (each
-    alone), then both played on one clock with the real chunk timestamps. Yields (frame, status)."""
-    try:
-        url, prompt = check_url(url), validate_prompt(prompt)
-        model = served_model(url)
-    except ExplorerError as exc:
-        yield gr.skip(), f"⚠ {exc}"
-        return
-    engine = engine_at(url)
-    preset = engine.preset if engine else (model if model in ENGINE_PRESETS else None)
-    models, note = None, ""
-    if preset is None:
-        note = (f"The server runs {model!r}, not an explorer preset ({', '.join(ENGINE_PRESETS)}): "
-                "only its lane is shown.")
-    else:
-        yield compare_frame(None, caption="Loading the explorer's models …"), f"Loading preset {preset} …"
-        try:
-            models = load_preset(preset)
-        except gr.Error as exc:
-            note = f"The explorer could not load {preset}: {exc.message}; only the engine's lane is shown."
-    chat = models.preset.chat if models is not None else bool(chat)  # both lanes read the same prompt format
-    yield gr.skip(), "Sending the request to the engine (alone, streamed) …"
-    record = run_one(url, prompt, int(max_tokens), float(temperature), chat, model=model, want_ids=True)
-    if record.error:
-        yield gr.skip(), f"⚠ the engine's request failed: {record.error}"
-        return
-    spec = engine.spec if engine else "unknown"
-    detail = f"{model}, spec {spec}" + (f", γ = {engine.gamma}" if engine and engine.gamma else "") + \
-        (", chat" if chat else "")
-    pair = _Pair(prompt, record, [], detail, note=note)
-    if models is not None:
-        yield gr.skip(), "Decoding the same prompt with the explorer's speculative decoder (alone, timed) …"
-        options = {"max_new_tokens": int(max_tokens), "temperature": float(temperature),
-                   "drafter": DRAFTER_FOR_SPEC.get(spec, models.preset.drafter),
-                   "gamma": engine.gamma if engine and engine.gamma else models.preset.gamma}
-        try:
-            pair.trace = explorer.decode("speculative", models, prompt, **options)
-            pair.piece = render.token_piece(models.tokenizer)
-        except ExplorerError as exc:
-            pair.note = f"The explorer's lane failed: {exc}"
-    pair.steps = _steps(record, pair.piece)
-    end_ms = pair.end_s * 1e3
-    words = speed_words(end_ms, speed)
-    for at in playback_times(end_ms, speed):
-        yield compare_frame(pair, at / 1e3, f"Both lanes on one clock, t = {at:.1f} ms ({words})."), gr.skip()
-    yield compare_frame(pair, None, _compare_caption(pair, words)), _compare_status(pair)
-
-
-def _compare_caption(pair: _Pair, words: str) -> str:
-    r = pair.record
-    text = (f"Played on one clock ({words}). Engine: {r.tokens} tokens in {len(pair.steps)} steps, "
-            f"{(r.done or 0) * 1e3:.0f} ms (first token {(r.ttft_s or 0) * 1e3:.0f} ms, HTTP included).")
-    if pair.trace is not None:
-        s = pair.trace.stats
-        text += (f" Explorer: {s['new_tokens']} tokens in {s['target_forward_passes']} target passes, "
-                 f"{s['wall_s'] * 1e3:.0f} ms (PyTorch, batch 1, in this process).")
-    return text
-
-
-def _compare_status(pair: _Pair) -> str:
-    """Done, and at temperature 0 whether the engine's tokens equal the explorer's."""
-    if pair.trace is None or pair.trace.config["temperature"] != 0 or not pair.record.token_ids:
-        return "Done."
-    engine, mine = list(pair.record.token_ids), list(pair.trace.token_ids)
-    n = min(len(engine), len(mine))
-    if engine[:n] == mine[:n]:
-        return f"Done. Greedy: the engine's tokens equal the explorer's ({n} compared)."
-    first = next(i for i in range(n) if engine[i] != mine[i])
-    return f"Done. Greedy: the engine's tokens differ from the explorer's from token {first + 1} on."
-
-
-# ----------------------------------------------------------------------------------------------
 # layout and wiring
 
 def build_engine_tab(demo: gr.Blocks, speed: Any) -> None:
@@ -443,12 +326,31 @@ def build_engine_tab(demo: gr.Blocks, speed: Any) -> None:
     one_status = gr.Markdown("", elem_id="engine-compare-status")
     frame = gr.HTML(compare_frame(None), css_template=STYLE, apply_default_css=False, elem_id="engine-lanes")
 
-    slot = {"concurrency_id": "engine", "concurrency_limit": 1}
-    run.click(run_workload, [url, compare, prompts, concurrency, repeats, max_tokens, temperature, chat],
-                     [status, *plots, table], api_name="engine_workload",
-                     show_progress="hidden", **slot)
-    stop.click(stop_workload, None, None, queue=False, api_visibility="undocumented")
-    one_run.click(compare_one, [url, one_prompt, max_tokens, temperature, chat, speed], [frame, one_status],
-                  api_name="engine_compare", show_progress="hidden", concurrency_id="decode", concurrency_limit=1)
+    _wire(demo, run, stop, one_run, [url, compare, prompts, concurrency, repeats, max_tokens, temperature, chat],
+          [url, one_prompt, max_tokens, temperature, chat, speed], [status, *plots, table], [frame, one_status])
     url.blur(chat_for, url, chat, queue=False, api_visibility="undocumented", show_progress="hidden")
-    demo.load(engine_defaults, None, [url, chat, status], api_visibility="undocumented", queue=False)
+
+    def defaults(request: gr.Request) -> tuple[str, bool, str]:
+        return engine_defaults(tab_policy(demo, request))
+
+    demo.load(defaults, None, [url, chat, status], api_visibility="undocumented", queue=False)
+
+
+def _wire(demo: gr.Blocks, run: gr.Button, stop: gr.Button, one_run: gr.Button, workload_in: list, compare_in: list,
+          workload_out: list, compare_out: list) -> None:
+    """The handlers, each given the policy of this app (``demo``: how it was launched) and the visitor's request."""
+
+    def engine_workload(url: str, compare: str, prompts_text: str, concurrency: str, repeats: int, max_tokens: int,
+                        temperature: float, chat: bool, request: gr.Request) -> Iterator[tuple]:
+        yield from run_workload(url, compare, prompts_text, concurrency, repeats, max_tokens, temperature, chat,
+                                request, tab_policy(demo, request))
+
+    def engine_compare(url: str, prompt: str, max_tokens: int, temperature: float, chat: bool, speed: float,
+                       request: gr.Request) -> Iterator[tuple[str, str]]:
+        yield from compare_one(url, prompt, max_tokens, temperature, chat, speed, tab_policy(demo, request))
+
+    run.click(engine_workload, workload_in, workload_out, api_name="engine_workload", show_progress="hidden",
+              concurrency_id="engine", concurrency_limit=1)
+    stop.click(stop_workload, None, None, queue=False, api_visibility="undocumented")
+    one_run.click(engine_compare, compare_in, compare_out, api_name="engine_compare", show_progress="hidden",
+                  concurrency_id="decode", concurrency_limit=1)

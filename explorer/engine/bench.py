@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from explorer.engine.allow import EnginePolicy, check_url
 from explorer.engine.client import RequestRecord, is_connection_error, make_client, served_model, stream_request
 from explorer.engine.metrics import MetricsSnapshot, SpecCounters, scrape
 from explorer.errors import ExplorerError
@@ -105,9 +106,10 @@ class EngineBench:
         return [r for c in self.configs for r in c.records]
 
 
-async def _poll(url: str, into: list[float], stop: asyncio.Event, every_s: float) -> None:
+async def _poll(url: str, into: list[float], stop: asyncio.Event, every_s: float,
+                policy: EnginePolicy | None = None) -> None:
     while not stop.is_set():
-        snap = await asyncio.to_thread(scrape, url, 2.0)
+        snap = await asyncio.to_thread(scrape, url, 2.0, policy)
         if snap is not None and snap.running is not None:
             into.append(snap.running)
         with contextlib.suppress(TimeoutError):
@@ -117,15 +119,16 @@ async def _poll(url: str, into: list[float], stop: asyncio.Event, every_s: float
 async def run_config(target: Target, prompts: Sequence[Prompt], concurrency: int, repeats: int, max_tokens: int,
                      temperature: float, on_record: Callable[[RequestRecord], None] | None = None,
                      poll_s: float = 0.1, ignore_eos: bool = False,
-                     cancel: threading.Event | None = None) -> ConfigResult:
-    """Every prompt ``repeats`` times, at most ``concurrency`` in flight; /metrics before and after."""
+                     cancel: threading.Event | None = None, policy: EnginePolicy | None = None) -> ConfigResult:
+    """Every prompt ``repeats`` times, at most ``concurrency`` in flight; /metrics before and after. A ``policy``
+    (the Engine tab's) limits where every request may go."""
     result = ConfigResult(target.label, target.url, concurrency)
-    before = await asyncio.to_thread(scrape, target.url)
+    before = await asyncio.to_thread(scrape, target.url, 5.0, policy)
     jobs = [(rep, p) for rep in range(repeats) for p in prompts]
     queue: asyncio.Queue = asyncio.Queue()
     for job in jobs:
         queue.put_nowait(job)
-    client = make_client(target.url)
+    client = make_client(target.url, policy=policy)
     stop_poll = asyncio.Event()
     dead = asyncio.Event()
 
@@ -142,7 +145,7 @@ async def run_config(target: Target, prompts: Sequence[Prompt], concurrency: int
             if is_connection_error(record):
                 dead.set()
 
-    poller = asyncio.create_task(_poll(target.url, result.running, stop_poll, poll_s)) if before else None
+    poller = asyncio.create_task(_poll(target.url, result.running, stop_poll, poll_s, policy)) if before else None
     t0 = time.perf_counter()
     try:
         await asyncio.gather(*(worker() for _ in range(min(concurrency, len(jobs)))))
@@ -157,29 +160,21 @@ async def run_config(target: Target, prompts: Sequence[Prompt], concurrency: int
         result.aborted = f"{target.label} ({target.url}) stopped answering: {first.error}"
     elif cancel is not None and cancel.is_set():
         result.aborted = "cancelled"
-    after = await asyncio.to_thread(scrape, target.url)
+    after = await asyncio.to_thread(scrape, target.url, 5.0, policy)
     if before is not None and after is not None and after.spec is not None:
         result.spec = after.spec.minus(before.spec)
     return result
 
 
-def check_url(url: str | None, what: str = "the engine URL") -> str:
-    """A non-empty http(s) URL without its trailing slash, or one clear error naming ``what``."""
-    url = (url or "").strip()
-    if not url:
-        raise ExplorerError(f"{what} is empty; start one with `python -m explorer engine start` or give the URL "
-                            "of your vLLM server (http://host:port)")
-    if not url.startswith(("http://", "https://")):
-        raise ExplorerError(f"{what} must start with http:// or https:// (got {url!r})")
-    return url.rstrip("/")
-
-
-def resolve_targets(urls: Sequence[tuple[str, str]], chat: bool | None = None) -> list[Target]:
-    """(label, url) pairs -> Targets with the served model; one clear error for a URL nobody answers."""
+def resolve_targets(urls: Sequence[tuple[str, str]], chat: bool | None = None,
+                    policy: EnginePolicy | None = None) -> list[Target]:
+    """(label, url) pairs -> Targets with the served model; one clear error for a URL nobody answers (or, with a
+    ``policy``, that it does not allow)."""
     targets = []
     for label, url in urls:
-        url = check_url(url, f"the URL of {label!r}")
-        targets.append(Target(label, url, served_model(url), bool(chat)))
+        what = f"the URL of {label!r}"
+        url = check_url(url, what) if policy is None else policy.check_url(url, what)
+        targets.append(Target(label, url, served_model(url, policy=policy), bool(chat)))
     return targets
 
 
@@ -201,7 +196,8 @@ def parse_concurrency(text: str, limit: int = MAX_CONCURRENCY) -> list[int]:
 def run_bench(targets: Sequence[Target], prompts: Sequence[Prompt], concurrencies: Sequence[int], repeats: int = 1,
               max_tokens: int = 64, temperature: float = 0.0, on_record: Callable[[RequestRecord], None] | None = None,
               on_config: Callable[[ConfigResult], None] | None = None, ignore_eos: bool = False,
-              cancel: threading.Event | None = None, warmup: bool = True) -> EngineBench:
+              cancel: threading.Event | None = None, warmup: bool = True,
+              policy: EnginePolicy | None = None) -> EngineBench:
     """Concurrency outer, servers inner (interleaved), after one unmeasured warm-up burst per server. Stops at the
     first server that stops answering."""
     check_concurrency(concurrencies)
@@ -212,11 +208,11 @@ def run_bench(targets: Sequence[Target], prompts: Sequence[Prompt], concurrencie
     bench = EngineBench()
     for target in targets if warmup else ():  # compile and cache warm-up, at the largest batch, not measured
         asyncio.run(run_config(target, prompts[:1], max(concurrencies), max(concurrencies), 8, temperature,
-                               poll_s=60.0))
+                               poll_s=60.0, policy=policy))
     for c in concurrencies:
         for target in targets:
             result = asyncio.run(run_config(target, prompts, c, repeats, max_tokens, temperature, on_record,
-                                            ignore_eos=ignore_eos, cancel=cancel))
+                                            ignore_eos=ignore_eos, cancel=cancel, policy=policy))
             bench.configs.append(result)
             if on_config is not None:
                 on_config(result)

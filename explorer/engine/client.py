@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import httpx
 import openai
 
+from explorer.engine.allow import EnginePolicy
 from explorer.errors import ExplorerError
 
 
@@ -92,17 +93,29 @@ class RequestRecord:
                 "token_counts": self.token_counts, "finish_reason": self.finish_reason or ""}
 
 
-def make_client(url: str, timeout_s: float = 120.0) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=url.rstrip("/") + "/v1", api_key="EMPTY", max_retries=0,
-                              timeout=httpx.Timeout(timeout_s, connect=5.0))
+def make_client(url: str, timeout_s: float = 120.0, policy: EnginePolicy | None = None) -> openai.AsyncOpenAI:
+    """With a ``policy`` (the app's Engine tab) the client connects only where it allows and follows no redirect
+    (the openai client's own follows them)."""
+    timeout = httpx.Timeout(timeout_s, connect=5.0)
+    return openai.AsyncOpenAI(base_url=url.rstrip("/") + "/v1", api_key="EMPTY", max_retries=0, timeout=timeout,
+                              http_client=policy.async_client(timeout) if policy is not None else None)
 
 
-def served_model(url: str, timeout_s: float = 5.0) -> str:
+def served_model(url: str, timeout_s: float = 5.0, policy: EnginePolicy | None = None) -> str:
     """The first model the server lists, or one clear error when nothing (OpenAI-compatible) answers there."""
     try:
-        response = httpx.get(url.rstrip("/") + "/v1/models", timeout=timeout_s)
+        if policy is None:
+            response = httpx.get(url.rstrip("/") + "/v1/models", timeout=timeout_s)
+        else:
+            with policy.client(timeout_s) as http:
+                response = http.get(url.rstrip("/") + "/v1/models")
+        if response.is_redirect:
+            raise ExplorerError(f"{url} answered GET /v1/models with a redirect (HTTP {response.status_code}); "
+                                "redirects are not followed: give the URL it redirects to")
         response.raise_for_status()
         return response.json()["data"][0]["id"]
+    except ExplorerError:  # refused by the policy, or a redirect: already one line (and a ValueError)
+        raise
     except httpx.ConnectError:
         raise ExplorerError(f"nothing answers at {url} (connection refused); start one with "
                             "`python -m explorer engine start` or check the URL") from None
@@ -187,12 +200,12 @@ def _ids_of(choice, chat: bool) -> list[int]:
 
 def run_one(url: str, prompt: str | list[int], max_tokens: int = 64, temperature: float = 0.0, chat: bool = False,
             model: str | None = None, want_ids: bool = False, label: str = "",
-            ignore_eos: bool = False) -> RequestRecord:
-    """One streamed request, synchronously (the CLI, the cross-checks)."""
-    model = model or served_model(url)
+            ignore_eos: bool = False, policy: EnginePolicy | None = None) -> RequestRecord:
+    """One streamed request, synchronously (the CLI, the cross-checks, the Engine tab with its ``policy``)."""
+    model = model or served_model(url, policy=policy)
 
     async def go() -> RequestRecord:
-        client = make_client(url)
+        client = make_client(url, policy=policy)
         try:
             record = RequestRecord(label or url, url, "p0", 1, 0, time.time())
             return await stream_request(client, record, model, prompt, max_tokens, temperature, chat,

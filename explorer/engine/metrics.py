@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from explorer.engine.allow import EnginePolicy
+
 SPEC = "vllm:spec_decode_"
 
 
@@ -75,10 +77,15 @@ def parse_metrics(text: str) -> MetricsSnapshot:
                            is_vllm)
 
 
-def scrape(url: str, timeout: float = 5.0) -> MetricsSnapshot | None:
-    """The server's /metrics, or None when it has none (404) or cannot be read."""
+def scrape(url: str, timeout: float = 5.0, policy: EnginePolicy | None = None) -> MetricsSnapshot | None:
+    """The server's /metrics, or None when it has none (404), redirects or cannot be read; with a ``policy`` (the
+    Engine tab) only where it allows."""
     try:
-        response = httpx.get(url.rstrip("/") + "/metrics", timeout=timeout)
+        if policy is None:
+            response = httpx.get(url.rstrip("/") + "/metrics", timeout=timeout)
+        else:
+            with policy.client(timeout) as http:
+                response = http.get(url.rstrip("/") + "/metrics")
     except httpx.HTTPError:
         return None
     if response.status_code != 200:

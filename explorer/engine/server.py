@@ -86,12 +86,15 @@ def engine_at(url: str, home: Path | None = None) -> EngineState | None:
     return next((e for e in running_engines(home) if e.url.rstrip("/") == url.rstrip("/")), None)
 
 
+def live_engines(home: Path | None = None) -> list[EngineState]:
+    """The engines ``engine start`` launched whose process still runs (lowest port first)."""
+    return [state for state in running_engines(home) if _alive(state.pid)]
+
+
 def default_url(home: Path | None = None) -> str | None:
     """The URL of a healthy-looking engine ``engine start`` launched (the lowest port), else None."""
-    for state in running_engines(home):
-        if _alive(state.pid):
-            return state.url
-    return None
+    engines = live_engines(home)
+    return engines[0].url if engines else None
 
 
 # ---------------------------------------------------------------------------------------------
