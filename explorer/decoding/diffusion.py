@@ -49,12 +49,14 @@ def predict_tokens(logits: torch.Tensor, cfg: DecodeConfig, gen: torch.Generator
     if cfg.top_k or (cfg.top_p is not None and cfg.top_p < 1):
         logits = torch.log(warp_logits(logits, 1.0, cfg.top_k, cfg.top_p).double())
     if cfg.temperature > 0:
-        u = torch.rand(logits.shape, generator=gen, dtype=torch.float64).clamp_(1e-300, 1.0)
+        # the seeded generator is a CPU one (the same draws on every device); moved to the logits' device
+        u = torch.rand(logits.shape, generator=gen, dtype=torch.float64, device="cpu").clamp_(1e-300, 1.0)
+        u = u.to(logits.device)
         tokens = (logits / cfg.temperature - torch.log(-torch.log(u))).argmax(-1)  # Gumbel-max
     else:
         tokens = logits.argmax(-1)
     if cfg.remasking == "random":
-        confidence = torch.rand(tokens.shape, generator=gen, dtype=torch.float64)
+        confidence = torch.rand(tokens.shape, generator=gen, dtype=torch.float64, device="cpu").to(tokens.device)
     else:
         confidence = torch.softmax(logits, -1).gather(-1, tokens[:, None])[:, 0]
     return tokens, confidence
@@ -112,7 +114,7 @@ def fill_cache(model: nn.Module, x: torch.Tensor, start: int, end: int,
     full = DynamicCache()
     logits, dt, fed = denoise(model, x, 0, x.shape[1], rows, full, fill=True)
     full_len = x.shape[1]
-    outside = torch.cat([torch.arange(start), torch.arange(end, full_len)]).to(x.device)
+    outside = torch.cat([torch.arange(start, device=x.device), torch.arange(end, full_len, device=x.device)])
     kept = DynamicCache()
     with torch.inference_mode():
         for i, layer in enumerate(full.layers):

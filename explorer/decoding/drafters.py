@@ -100,12 +100,13 @@ class PromptLookupDrafter:
     vocab_size: int
     max_ngram: int = 3
     name: str = "prompt_lookup"
+    device: torch.device | str = "cpu"  # where q is made: the target's device, where p lives
 
     def propose(self, tokens: list[int], gamma: int, cfg: DecodeConfig, gen: torch.Generator) -> Draft:
         drafted = find_continuation(tokens, gamma, self.max_ngram)
         if not drafted:
             return Draft([], None)
-        q = torch.nn.functional.one_hot(torch.tensor(drafted), self.vocab_size).float()  # (g, V), one-hot
+        q = torch.nn.functional.one_hot(torch.tensor(drafted, device=self.device), self.vocab_size).float()  # (g, V)
         return Draft(drafted, q)
 
     def rollback(self, keep: int) -> None:
@@ -271,7 +272,7 @@ def make_drafter(models: Models, cfg: DecodeConfig) -> Drafter:
         return ModelDrafter(models.draft, eos)
     if cfg.drafter == "prompt_lookup":
         vocab = models.target.get_output_embeddings().weight.shape[0]
-        return PromptLookupDrafter(vocab, cfg.max_ngram)
+        return PromptLookupDrafter(vocab, cfg.max_ngram, device=models.device)
     if cfg.drafter == "early_exit":
         if not hasattr(models.target, "model") or not hasattr(models.target.model, "layers"):
             raise ExplorerError("early exit needs a decoder with model.layers (Llama, Qwen, SmolLM ...)")

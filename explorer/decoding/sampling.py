@@ -50,7 +50,7 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
 
 
 def uniform(generator: torch.Generator) -> float:
-    return float(torch.rand((), generator=generator))
+    return float(torch.rand((), generator=generator, device="cpu"))  # the seeded generator is a CPU one
 
 
 def make_generator(seed: int) -> torch.Generator:

@@ -43,7 +43,7 @@ from explorer.errors import ExplorerError
 class RMSNorm(nn.Module):
     def __init__(self, hidden: int, eps: float):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden))
+        self.weight = nn.Parameter(torch.ones(hidden))  # cpu: module init; moved with the module
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -227,7 +227,7 @@ def build_eagle_head(target: nn.Module, kept_ids: torch.Tensor) -> EagleHead:
         head.layer.down_proj.weight.mul_(0.1)
         h = config.hidden_size
         head.fc.weight.mul_(0.1)
-        head.fc.weight[:, h:] += torch.eye(h)  # start as "the feature, plus a little of the token"
+        head.fc.weight[:, h:] += torch.eye(h, device=head.fc.weight.device)  # "the feature, plus a little token"
     return head.attach(target)
 
 

@@ -117,7 +117,7 @@ def load_trimmed_draft(path: Path, target: nn.Module, dtype: torch.dtype) -> Tri
         raise ExplorerError(f"draft file {weights_file} does not match the target (vocabulary "
                             f"{config.vocab_size} vs {target.config.vocab_size}, or no kept_ids)")
     with torch.device("meta"):
-        draft = TrimmedHeadDraft(config, torch.zeros(len(state["kept_ids"]), dtype=torch.long))
+        draft = TrimmedHeadDraft(config, torch.zeros(len(state["kept_ids"]), dtype=torch.long))  # cpu: meta
     draft.model.embed_tokens = target.get_input_embeddings()
     missing, unexpected = draft.load_state_dict(state, strict=False, assign=True)
     missing = [k for k in missing if not k.startswith("model.embed_tokens")]
