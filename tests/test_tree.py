@@ -200,3 +200,41 @@ def test_cli_bad_tree_exits_2_with_one_line():
     assert run.returncode == 2, run.stderr
     lines = [ln for ln in run.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "not a shape" in lines[0], run.stderr
+
+
+# ------------------------------------------------------------------------------------------
+# the lane: the latest step's tree, states per node, narration
+
+def test_the_lane_draws_the_latest_tree_with_path_rejections_and_unchecked_nodes():
+    import re
+
+    from explorer.app import narration, render, tree_view
+    from explorer.decoding.events import DraftCheck
+
+    # root children a, b, c; b has children d, e; c has child f. The target refuses a, accepts b, then refuses
+    # d and e and draws z from the residual: kept b z; c and f are never checked.
+    parents = (-1, -1, -1, 1, 1, 2)
+    proposal = Proposal(t=0, step=0, drafter="model", gamma=2, tokens=(1, 2, 3, 4, 5, 6),
+                        q=(0.5, 0.3, 0.1, 0.6, 0.2, 0.9), forward_s=0, draft_passes=2, parents=parents)
+    checks = (DraftCheck(0, 1, 0.1, 0.5, 0.2, False, node=0), DraftCheck(0, 2, 0.4, 0.3, 1.0, True, node=1),
+              DraftCheck(1, 4, 0.0, 0.6, 0.0, False, node=3), DraftCheck(1, 5, 0.1, 0.2, 0.5, False, node=4))
+    ver = Verification(t=1, step=0, checks=checks, accepted=1, resampled=26, bonus=None, emitted=(2, 26),
+                       forward_s=0, target_cache_len=5, draft_cache_len=5, next_gamma=4, path=(1,))
+    piece = "_abcdefghijklmnopqrstuvwxyz".__getitem__
+    view = render.LaneView("speculative", [proposal, ver, proposal, ver], "p", piece, 8)
+    out = render.lane_html(view)
+    steps = out.split('<span class="step')
+    assert len(steps) == 3 and "tree-step" in steps[1] and " last" in steps[2][:30]
+    last = steps[2]
+    nodes = re.findall(r'<span class="tnode( on-path)?" style="grid-column:(\d);grid-row:(\d+) / span (\d+)">'
+                       r'<span class="tok (\w+)', last)
+    # (on path, depth, first row, rows spanned, state) per node: leaves a, d, e, f; b spans d and e
+    assert nodes == [("", "1", "2", "1", "rej"), (" on-path", "1", "3", "2", "acc"), ("", "1", "5", "1", "skip"),
+                     ("", "2", "3", "1", "rej"), ("", "2", "4", "1", "rej"), ("", "2", "5", "1", "skip")]
+    kept = last.split('<span class="kept">')[1].split('<span class="tree-sum">')[0]
+    assert "tok acc" in kept and "tok res" in kept and "tok rej" not in kept  # b accepted, z drawn by the target
+    assert tree_view.leaf_rows(parents) == [(0, 1), (1, 2), (3, 1), (1, 1), (2, 1), (3, 1)]
+    text = narration.narration_html([view])
+    assert "a tree of 6 nodes (3 at depth 1, 2 deep)" in text
+    assert "<code>a</code> <b>rejected</b> (p/q = 0.20), then <code>b</code> accepted" in text
+    assert "<code>z</code> was drawn from the last residual" in text
