@@ -238,3 +238,16 @@ def test_the_lane_draws_the_latest_tree_with_path_rejections_and_unchecked_nodes
     assert "a tree of 6 nodes (3 at depth 1, 2 deep)" in text
     assert "<code>a</code> <b>rejected</b> (p/q = 0.20), then <code>b</code> accepted" in text
     assert "<code>z</code> was drawn from the last residual" in text
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_the_audit_checks_a_tree(random_models, monkeypatch, broken):
+    """`explorer audit --tree`: the exact first-token and two-token tests on tree samples pass, and fail for
+    siblings verified without the residual."""
+    from explorer.measure.audit import run_audit
+
+    if broken:
+        monkeypatch.setattr(tree, "residual_distribution", lambda p, q: p)
+    result = run_audit(random_models, "def parse(line):", samples=400, temperature=1.0, top_k=4, tree="3,2")
+    assert result.status == ("FAIL" if broken else "PASS"), result.verdict
+    assert any("tree 3,2" in note for note in result.notes)
