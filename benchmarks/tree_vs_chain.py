@@ -74,20 +74,19 @@ def verify_costs(model, sizes: list[int], reps: int) -> dict[int, float]:
     cache = DynamicCache()
     with torch.inference_mode():
         model(input_ids=prefix, past_key_values=cache, use_cache=True)
-    out = {}
+    inputs = {}
     for m in sizes:
         parents = list(range(-1, m - 2)) if m > 1 else []
-        mask, pos = verify_inputs(parents, 63, 1, torch.float32, model.device)
-        ids = torch.randint(5, 200, (1, m))
-        times = []
-        for _ in range(reps):
+        inputs[m] = (torch.randint(5, 200, (1, m)), *verify_inputs(parents, 63, 1, torch.float32, model.device))
+    times: dict[int, list[float]] = {m: [] for m in sizes}
+    for _ in range(reps):  # the sizes interleaved within each repetition, so a load change hits them alike
+        for m, (ids, mask, pos) in inputs.items():
             start = time.perf_counter()
             with torch.inference_mode():
                 model(input_ids=ids, past_key_values=cache, use_cache=True, attention_mask=mask, position_ids=pos)
-            times.append(time.perf_counter() - start)
+            times[m].append(time.perf_counter() - start)
             select_cache(cache, list(range(63)))
-        out[m] = statistics.median(times)
-    return out
+    return {m: statistics.median(t) for m, t in times.items()}
 
 
 def main() -> None:
@@ -98,9 +97,16 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--configs", default=DEFAULT_CONFIGS)
+    ap.add_argument("--verify-only", action="store_true", help="only the verify-pass cost table")
     args = ap.parse_args()
     torch.set_num_threads(1)
     models = explorer.load_models(args.preset, device="cpu")
+    if not args.verify_only:
+        compare_decodes(models, args)
+    print_verify_costs(models, args.reps)
+
+
+def compare_decodes(models, args: argparse.Namespace) -> None:
     configs = parse_configs(args.configs)
     rows: dict[str, dict[str, list[float]]] = {label: {} for label, _ in [("autoregressive", {})] + configs}
     for prompt in prompts_for(args.preset, args.prompts):
@@ -140,9 +146,12 @@ def main() -> None:
              if c.startswith("chain γ=") and t == f"tree dynamic:{c.removeprefix('chain γ=')}"]
     for chain, tree in pairs:
         print(f"{tree} vs {chain} (equal verified positions): {chain_speed[tree] / chain_speed[chain]:.2f}x")
+
+
+def print_verify_costs(models, reps: int) -> None:
     sizes = [1, 2, 4, 5, 8, 9, 16, 17, 32]
-    costs = verify_costs(models.target, sizes, args.reps)
-    print(f"\nverify pass over M positions after a 64-token prefix (median of {args.reps}):")
+    costs = verify_costs(models.target, sizes, reps)
+    print(f"\nverify pass over M positions after a 64-token prefix (median of {reps}, sizes interleaved):")
     print("| M | seconds | vs M = 1 | per position vs M = 1 |")
     print("|---|---|---|---|")
     for m in sizes:
