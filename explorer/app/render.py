@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from explorer.app.tree_view import tree_step_html
+from explorer.app.tree_view import is_tree, tree_step_html
 from explorer.decoding.events import Event, Proposal, RefinementStep, TokenStep, Trace, Verification
 
 Piece = Callable[[int], str]  # token id -> its text
@@ -196,10 +196,10 @@ def _speculative_body(view: LaneView) -> str:
             passes += 1
             kept, dropped = _verification_chips(proposal, e, view.piece)
             title = f"target pass {passes}: kept {len(e.emitted)} token(s)"
-            parts.append(tree_step_html(proposal, e, view.piece, kept, title, _chip) if _is_tree(proposal)
+            parts.append(tree_step_html(proposal, e, view.piece, kept, title, _chip) if is_tree(proposal)
                          else _step_box(kept, dropped, title))
             proposal = None
-    if _is_tree(proposal):  # a drafted tree, not yet verified
+    if is_tree(proposal):  # a drafted tree, not yet verified
         parts.append(tree_step_html(proposal, None, view.piece, [], "drafted, waiting for the target's pass", _chip))
     elif proposal is not None:  # drafted, not yet verified
         pending = [_chip(view.piece(tok), "pending", f"draft {i + 1} · q = {q:.3f} (waiting for the target)")
@@ -208,10 +208,6 @@ def _speculative_body(view: LaneView) -> str:
     if parts:  # the latest step is the one the narration talks about
         parts[-1] = parts[-1].replace('<span class="step', '<span class="step last', 1)
     return "".join(parts)
-
-
-def _is_tree(proposal: Proposal | None) -> bool:
-    return proposal is not None and proposal.parents is not None
 
 
 def diffusion_canvas(events: Sequence[Event], size: int) -> list[tuple[int, float, int] | None]:

@@ -20,6 +20,11 @@ MAX_PIECE_CHARS = 10  # a long token is cut in the tree (its full text is in the
 MAX_TRIES_SAID = 4  # the narration names at most this many siblings tried at one depth
 
 
+def is_tree(proposal: Proposal | None) -> bool:
+    """A tree proposal (``parents`` set), as opposed to a chain's."""
+    return proposal is not None and proposal.parents is not None
+
+
 def leaf_rows(parents: tuple[int, ...]) -> list[tuple[int, int]]:
     """(first row, rows spanned) per node: its leaves, numbered depth-first in sibling order."""
     children: dict[int, list[int]] = {}
