@@ -193,6 +193,13 @@ def test_bad_tree_input_gives_one_line(random_models, options, words):
     assert words in str(info.value) and "\n" not in str(info.value)
 
 
+def test_a_target_with_sliding_window_layers_is_refused_in_one_line():
+    models = explorer.load_models("random-gemma4", device="cpu")
+    with pytest.raises(ExplorerError, match="sliding-window attention") as info:
+        explorer.decode("speculative", models, "hello", tree="3,2", drafter="early_exit", max_new_tokens=4)
+    assert "\n" not in str(info.value)
+
+
 def test_cli_bad_tree_exits_2_with_one_line():
     run = subprocess.run([sys.executable, "-m", "explorer", "decode", "--preset", "random-tiny", "--method",
                           "speculative", "--tree", "3,,1", "--prompt", "x"], capture_output=True, text=True,

@@ -180,7 +180,13 @@ class TreeDrafter:
 
 
 def make_tree_drafter(models: Models, cfg: DecodeConfig) -> TreeDrafter:
-    """The drafter ``cfg.drafter`` names, able to branch; ExplorerError for one that cannot."""
+    """The drafter ``cfg.drafter`` names, able to branch; ExplorerError for one that cannot, or for a target whose
+    sliding-window layers the one tree mask would not limit (and whose sliding caches drop old positions)."""
+    config = models.target.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if "sliding_attention" in (getattr(text, "layer_types", None) or ()) or getattr(text, "use_sliding_window", False):
+        raise ExplorerError(f"the target of preset {models.preset.name!r} has sliding-window attention layers; "
+                            "token trees need a target with full attention in every layer (use a chain)")
     chain = make_drafter(models, cfg)
     if not isinstance(chain, ModelDrafter):  # EAGLE's head, Gemma's assistant: chains only for now
         raise ExplorerError(f"the {chain.name} drafter of preset {models.preset.name!r} cannot branch; trees "
