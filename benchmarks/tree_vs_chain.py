@@ -4,11 +4,12 @@ memory a tree holds.
     python benchmarks/tree_vs_chain.py [--preset tiny] [--prompts 6] [--tokens 64] [--drafter model]
         [--configs "chain:4,tree:dynamic:4,chain:8,tree:dynamic:8,tree:3,2,1,chain:3,tree:dynamic:16,chain:16"]
 
-One torch thread, greedy. Each prompt is decoded by every config in turn (interleaved, so a load change hits all
-configs alike), autoregressive first. Pairs of equal verified tokens per pass: a chain of gamma = n drafts and a
-dynamic tree of n nodes both feed n + 1 positions to the verify pass. Then the verify pass alone: one target pass
-over M tokens after a 64-token prefix (M = 1 is an autoregressive step), median of --reps, to show how its cost
-grows with the positions verified on a CPU. The machine may be shared: read the ratios, not the seconds.
+One torch thread, greedy unless --temperature (speedups are per token). Each prompt is decoded by every config in
+turn (interleaved, so a load change hits all configs alike), autoregressive first. Pairs of equal verified tokens
+per pass: a chain of gamma = n drafts and a dynamic tree of n nodes both feed n + 1 positions to the verify pass.
+Then the verify pass alone: one target pass over M tokens after a 64-token prefix (M = 1 is an autoregressive
+step), median of --reps, to show how its cost grows with the positions verified on a CPU. The machine may be
+shared: read the ratios, not the seconds.
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--configs", default=DEFAULT_CONFIGS)
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (outputs equal autoregressive)")
     ap.add_argument("--verify-only", action="store_true", help="only the verify-pass cost table")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -114,7 +116,8 @@ def compare_decodes(models, args: argparse.Namespace) -> None:
         for label, options in [("autoregressive", None)] + configs:
             method = "autoregressive" if options is None else "speculative"
             extra = {} if options is None else {"drafter": args.drafter, **options}
-            trace = explorer.decode(method, models, prompt, max_new_tokens=args.tokens, **extra)
+            trace = explorer.decode(method, models, prompt, max_new_tokens=args.tokens, temperature=args.temperature,
+                                    **extra)
             s = trace.stats
             verify = [e.forward_s for e in trace.events if isinstance(e, Verification)][1:]  # the prefill apart
             r = rows[label]
@@ -124,11 +127,11 @@ def compare_decodes(models, args: argparse.Namespace) -> None:
                                ("draft_s", s["draft_forward_s"]), ("proposed", s["proposed"])]:
                 if value is not None:
                     r.setdefault(key, []).append(value)
-    ar_wall = sum(rows["autoregressive"]["wall_s"])
+    ar_per_token = sum(rows["autoregressive"]["wall_s"]) / sum(rows["autoregressive"]["tokens"])
     ar_step = statistics.mean(rows["autoregressive"]["wall_s"]) / statistics.mean(rows["autoregressive"]["tokens"])
     per_pos = kv_bytes_per_position(models.target)
-    print(f"preset {args.preset}, drafter {args.drafter}, {args.prompts} prompts x {args.tokens} tokens, greedy, "
-          f"1 torch thread; target KV {per_pos / 1024:.1f} KiB per position")
+    print(f"preset {args.preset}, drafter {args.drafter}, {args.prompts} prompts x {args.tokens} tokens, "
+          f"T = {args.temperature}, 1 torch thread; target KV {per_pos / 1024:.1f} KiB per position")
     print("| config | tokens/target pass | verified positions/pass | verify pass s (mean) | draft s/step | "
           "speedup vs AR | tree KV held in the verify pass |")
     print("|---|---|---|---|---|---|---|")
@@ -136,7 +139,7 @@ def compare_decodes(models, args: argparse.Namespace) -> None:
     for label, _ in configs:
         r = rows[label]
         passes = sum(r["passes"])
-        speed = ar_wall / sum(r["wall_s"])
+        speed = ar_per_token / (sum(r["wall_s"]) / sum(r["tokens"]))  # wall seconds per token, AR over this
         fed = sum(r["proposed"]) / passes + 1
         chain_speed[label] = speed
         print(f"| {label} | {sum(r['tokens']) / passes:.2f} | {fed:.1f} | {statistics.mean(r['verify_s']):.4f} | "
