@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLER = ["tests/test_sampling_reference.py", "tests/test_audit.py", "tests/test_speculative_exact.py"]
 DIFFUSION = ["tests/test_diffusion.py"]
 VALIDATION = ["tests/test_api_cli.py"]
+TREE = ["tests/test_tree.py"]
 
 # (id, what the bug is, file, snippet, replacement, test files)
 MUTANTS = [
@@ -93,6 +94,27 @@ MUTANTS = [
     # the audit itself
     ("audit_ignores_power", "audit says PASS when it could not have detected the bugs", "explorer/measure/audit.py",
      "    elif weak:\n", "    elif False:\n", ["tests/test_audit.py"]),
+    # token trees (recursive rejection sampling over siblings, tree mask, compaction)
+    ("tree_no_residual", "a tree's next sibling is tried against p, not the residual", "explorer/decoding/tree.py",
+     "target = residual_distribution(target, q)", "target = target", TREE),
+    ("tree_q_unadjusted", "siblings drawn without replacement, verified with the unadjusted q",
+     "explorer/decoding/speculative_tree.py", "            self.left[token] = 0.0\n",
+     "            self.left[token] = 0.0\n            row = self.q\n", TREE),
+    ("tree_mask_open", "every tree node sees every node", "explorer/decoding/tree.py",
+     "allowed[r, [slot[a] for a in ancestors_and_self(parents, node)]] = True",
+     "allowed[r, list(slot.values())] = True", TREE),
+    ("tree_positions_by_index", "tree positions by flattened index, not depth", "explorer/decoding/tree.py",
+     "[prefix_len - 1 + d for d in tree_depths(parents)]", "[prefix_len + i for i in range(n)]", TREE),
+    ("tree_cache_cropped", "target cache cropped like a chain, not compacted to the path",
+     "explorer/decoding/speculative_tree.py",
+     "select_cache(cache, list(range(past + len(fed))) + [past + len(fed) + i for i in path])",
+     "select_cache(cache, list(range(past + len(fed) + len(path))))", TREE),
+    ("tree_draft_cache_cropped", "draft cache cropped like a chain", "explorer/decoding/speculative_tree.py",
+     "list(range(min(prefix_len, self.cache.get_seq_length()))) + kept)",
+     "list(range(min(prefix_len, self.cache.get_seq_length()) + len(kept))))", TREE),
+    ("tree_bonus_from_root", "a tree's bonus token drawn from the root's distribution", "explorer/decoding/tree.py",
+     "return path, checks, sample(target, gen), not kids",
+     "return path, checks, sample(p[0] if not kids else target, gen), not kids", TREE),
 ]
 
 

@@ -19,7 +19,7 @@ from explorer.errors import ExplorerError
 from explorer.models import DEFAULT_PRESET
 
 DECODE_OPTIONS = [f.name for f in fields(DecodeConfig)]  # one flag each: --max-new-tokens ...
-AUDIT_OPTIONS = ["temperature", "top_k", "top_p", "seed", "gamma", "drafter", "max_ngram", "early_exit_layers"]
+AUDIT_OPTIONS = ["temperature", "top_k", "top_p", "seed", "gamma", "drafter", "max_ngram", "early_exit_layers", "tree"]
 AUDIT_UNUSED = ["max_new_tokens", "adaptive_gamma", "draft_passes"]  # accepted (as ever), not used by the audit
 
 

@@ -6,6 +6,7 @@ import html
 from collections.abc import Sequence
 
 from explorer.app.render import LANE_TITLES, LaneView, visible_html
+from explorer.app.tree_view import is_tree, tree_narration
 from explorer.decoding.events import Proposal, RefinementStep, TokenStep, Verification
 
 
@@ -27,6 +28,8 @@ def _narrate_speculative(view: LaneView) -> str:
     of = f" of {view.total_steps}" if view.total_steps else ""
     if proposal is None and last is None:
         return "No step yet: the target reads the prompt (prefill), then the drafter proposes."
+    if is_tree(proposal):  # a token tree
+        return tree_narration(proposal, last, view.piece, _quote, f"Step {passes + (last is None)}{of}")
     drafts = [view.piece(t) for t in proposal.tokens] if proposal is not None else []
     if last is None:  # drafted, not yet checked
         if not drafts:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from explorer.app.tree_view import is_tree, tree_step_html
 from explorer.decoding.events import Event, Proposal, RefinementStep, TokenStep, Trace, Verification
 
 Piece = Callable[[int], str]  # token id -> its text
@@ -194,9 +195,13 @@ def _speculative_body(view: LaneView) -> str:
         elif isinstance(e, Verification):
             passes += 1
             kept, dropped = _verification_chips(proposal, e, view.piece)
-            parts.append(_step_box(kept, dropped, f"target pass {passes}: kept {len(e.emitted)} token(s)"))
+            title = f"target pass {passes}: kept {len(e.emitted)} token(s)"
+            parts.append(tree_step_html(proposal, e, view.piece, kept, title, _chip) if is_tree(proposal)
+                         else _step_box(kept, dropped, title))
             proposal = None
-    if proposal is not None:  # drafted, not yet verified
+    if is_tree(proposal):  # a drafted tree, not yet verified
+        parts.append(tree_step_html(proposal, None, view.piece, [], "drafted, waiting for the target's pass", _chip))
+    elif proposal is not None:  # drafted, not yet verified
         pending = [_chip(view.piece(tok), "pending", f"draft {i + 1} · q = {q:.3f} (waiting for the target)")
                    for i, (tok, q) in enumerate(zip(proposal.tokens, proposal.q, strict=True))]
         parts.append(_step_box(pending, [], "drafted, waiting for the target's pass", " pending"))
@@ -396,7 +401,8 @@ def lane_detail(method: str, config: dict[str, Any]) -> str:
     if method == "speculative":
         drafter = config.get("drafter", "model")
         drafter = "assistant (reads the target's features)" if drafter == "assistant" else drafter
-        return f"{drafter} drafter, γ = {config.get('gamma')}"
+        shape = f"tree {config['tree']}" if config.get("tree") else f"γ = {config.get('gamma')}"
+        return f"{drafter} drafter, {shape}"
     if method == "diffusion":
         n = config["max_new_tokens"]
         steps, block = config.get("steps") or n, config.get("block_length") or n

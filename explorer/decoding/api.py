@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from explorer.decoding.autoregressive import decode_autoregressive
-from explorer.decoding.config import DecodeConfig, validate, validate_prompt
+from explorer.decoding.config import DecodeConfig, parse_tree, validate, validate_prompt
 from explorer.decoding.diffusion import decode_diffusion
 from explorer.decoding.events import DecodeResult, Event, Trace
 from explorer.decoding.speculative import decode_speculative
@@ -58,6 +58,12 @@ def stream(method: str, models: Models, prompt: str, **options: Any) -> Generato
     context = models.context_length if model is None else int(
         getattr(model.config, "max_position_embeddings", None) or models.context_length)
     headroom = cfg.gamma + 1 if method == "speculative" else 0  # a verify pass may run gamma + 1 past the output
+    tree = parse_tree(cfg.tree) if method == "speculative" else None
+    if tree is not None:  # a tree's verify pass holds every node at once
+        headroom = tree.max_nodes + 1
+        if len(prompt_ids) + cfg.max_new_tokens + headroom > context:
+            raise ExplorerError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({cfg.max_new_tokens}) + the "
+                                f"tree's {tree.max_nodes} nodes exceed the model's context of {context} tokens")
     if len(prompt_ids) + cfg.max_new_tokens + headroom > context:
         raise ExplorerError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({cfg.max_new_tokens}) "
                             f"exceeds the model's context of {context} tokens")
@@ -123,6 +129,7 @@ def build_trace(method: str, models: Models, prompt: str, prompt_ids: list[int],
         stats["drafter"] = cfg.drafter
         stats["gamma"] = cfg.gamma
         stats["per_position_acceptance"] = [a / n for a, n in result.per_position]
+        stats["tree"] = cfg.tree or None  # None: a chain; per_position_acceptance is then per tree depth
     if method == "speculative" and cfg.drafter == "diffusion":
         stats["draft_passes_per_proposal"] = cfg.draft_passes
     if method == "diffusion":  # steps is the budget K; with a threshold the passes made are fewer

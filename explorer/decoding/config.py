@@ -17,6 +17,8 @@ CACHES = ("none", "prefix", "dual")  # diffusion KV cache (Fast-dLLM, Wu et al. 
 DEFAULT_CACHE = "dual"
 SWEEP_CACHE = "dual"  # what the break-even sweep decodes with
 MAX_PROMPT_CHARS = 20_000
+TREE_DRAFTERS = ("model", "early_exit")  # the drafters that give a distribution per tree node
+MAX_TREE_NODES, MAX_TREE_DEPTH = 256, 32
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,8 @@ class DecodeConfig:
     remasking: str = "low_confidence"
     threshold: float | None = None
     cache: str | None = None  # none | prefix | dual; None: DEFAULT_CACHE where the model takes a KV cache
+    # speculative token tree: None or "" = a chain of gamma drafts; "3,2,1" branching per depth; "dynamic:16"
+    tree: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,6 +73,8 @@ OPTION_HELP = {
     "block_length": "diffusion: block length, divides N; blocks are filled left to right (default: N)",
     "remasking": f"diffusion: which predictions a pass keeps: {', '.join(REMASKING)}",
     "threshold": "diffusion: also reveal every position above this confidence, in (0, 1] (Fast-dLLM; default: off)",
+    "tree": "speculative: draft a token tree instead of a chain: '3,2,1' = children per depth, 'dynamic:16' = "
+            "best-first by cumulative draft probability up to 16 nodes (drafters model, early_exit; default: chain)",
     "cache": f"diffusion KV cache: {', '.join(CACHES)} (default: {DEFAULT_CACHE!r} where the model takes one)",
 }
 
@@ -102,8 +108,56 @@ def validate(method: str, cfg: DecodeConfig) -> None:
         _require(_is_int(cfg.max_ngram) and cfg.max_ngram >= 1, "max_ngram must be >= 1")
         _require(_is_int(cfg.draft_passes) and cfg.draft_passes >= 1,
                  f"draft_passes must be a whole number >= 1 (got {cfg.draft_passes!r})")
+        if parse_tree(cfg.tree) is not None:
+            _require(cfg.drafter in TREE_DRAFTERS, f"the {cfg.drafter} drafter cannot branch (it gives no distribution "
+                     f"per tree node); trees need drafter {' or '.join(TREE_DRAFTERS)}")
+            _require(not cfg.adaptive_gamma, "adaptive_gamma changes a chain's length; a tree has its own shape "
+                     "(turn one of them off)")
     if method == "diffusion":
         _validate_diffusion(cfg)
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """A draft tree's shape: static branching factors per depth, or a dynamic node budget (EAGLE-2)."""
+
+    branching: tuple[int, ...] = ()  # static: children of every node at depth d - 1 for d = 1..len
+    budget: int = 0  # dynamic: nodes in all
+
+    @property
+    def max_nodes(self) -> int:
+        if self.budget:
+            return self.budget
+        total, width = 0, 1
+        for b in self.branching:
+            width *= b
+            total += width
+        return total
+
+    @property
+    def max_depth(self) -> int:
+        return self.budget or len(self.branching)
+
+
+def parse_tree(spec: Any) -> TreeShape | None:
+    """``None``/"" -> None (a chain); "3,2,1" -> static branching; "dynamic:16" -> a 16-node budget."""
+    if spec is None or (isinstance(spec, str) and spec.strip() == ""):
+        return None
+    _require(isinstance(spec, str), f"tree must be text such as '3,2,1' or 'dynamic:16' (got {spec!r})")
+    text = spec.strip().lower()
+    if text.startswith("dynamic:"):
+        n = text.removeprefix("dynamic:").strip()
+        _require(n.isdigit() and 1 <= int(n) <= MAX_TREE_NODES,
+                 f"tree {spec!r}: 'dynamic:N' needs a node budget N between 1 and {MAX_TREE_NODES}")
+        return TreeShape(budget=int(n))
+    parts = [x.strip() for x in text.split(",")]
+    _require(all(x.isdigit() and int(x) >= 1 for x in parts) and len(parts) <= MAX_TREE_DEPTH,
+             f"tree {spec!r} is not a shape: give children per depth as whole numbers >= 1 such as '3,2,1' "
+             f"(at most {MAX_TREE_DEPTH} depths), or 'dynamic:16'")
+    shape = TreeShape(branching=tuple(int(x) for x in parts))
+    _require(shape.max_nodes <= MAX_TREE_NODES,
+             f"tree {spec!r} has {shape.max_nodes} nodes; at most {MAX_TREE_NODES} are verified in one pass")
+    return shape
 
 
 def _validate_diffusion(cfg: DecodeConfig) -> None:

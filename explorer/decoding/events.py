@@ -27,7 +27,13 @@ class TokenStep:
 
 @dataclass(frozen=True)
 class Proposal:
-    """The drafter proposes ``tokens``; ``q[i]`` is the probability each was drawn with."""
+    """The drafter proposes ``tokens``; ``q[i]`` is the probability each was drawn with.
+
+    A token tree (``DecodeConfig.tree``) has one entry per node in ``tokens`` and ``q`` and its
+    ``parents``: the index of each node's parent, -1 for the root (the last verified token); parents
+    come before their children and siblings are listed in the order verification tries them. At
+    T = 0 a tree's children are the draft's top-k and ``q`` is their draft softmax probability.
+    """
 
     t: float
     step: int
@@ -37,6 +43,7 @@ class Proposal:
     q: tuple[float, ...]
     forward_s: float
     draft_passes: int
+    parents: tuple[int, ...] | None = None  # a tree's parent index per node; None for a chain
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,7 @@ class DraftCheck:
     q: float
     accept_prob: float  # min(1, p/q)
     accepted: bool
+    node: int | None = None  # a tree's node index (position is then its depth - 1); None for a chain
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,7 @@ class Verification:
     target_cache_len: int  # target KV cache length after the rollback
     draft_cache_len: int | None
     next_gamma: int
+    path: tuple[int, ...] | None = None  # a tree's accepted nodes, root to leaf; None for a chain
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from collections.abc import Generator, Iterator
 import torch
 from transformers import DynamicCache
 
-from explorer.decoding.config import DecodeConfig
+from explorer.decoding.config import DecodeConfig, parse_tree
 from explorer.decoding.drafters import Draft, crop_cache, make_drafter
 from explorer.decoding.events import DecodeResult, DraftCheck, Event, Proposal, Verification
 from explorer.decoding.sampling import make_generator, sample, uniform, warp_logits
@@ -71,8 +71,13 @@ def decode_speculative(models: Models, prompt_ids: list[int],
 
     Invariant: after each step the target cache holds every token but the last; a step feeds
     [last, d1..dg] (the first step feeds the whole prompt too, so the prefill is its verify
-    pass) and is cropped back to the accepted length afterwards.
+    pass) and is cropped back to the accepted length afterwards. With ``cfg.tree`` the step drafts and
+    verifies a token tree instead (``speculative_tree``).
     """
+    if parse_tree(cfg.tree) is not None:
+        from explorer.decoding.speculative_tree import decode_speculative_tree  # it builds on this module
+
+        return (yield from decode_speculative_tree(models, prompt_ids, cfg))
     result = DecodeResult(t0=time.perf_counter())
     gen = make_generator(cfg.seed)
     eos = models.tokenizer.eos_token_id

@@ -189,6 +189,9 @@ def run_audit(models: Models, prompt: str, samples: int | None = None, prefix_to
     options.update(temperature=temperature, top_k=top_k, top_p=top_p)
     plan = plan_audit(models, prompt, prefix_tokens, control, **options)
     notes = []
+    if options.get("tree"):  # the exact tests hold for any sampler; the bug table models chains
+        notes.append(f"tree {options['tree']}: the exact tests check the tree's output; the known-bug powers are "
+                     "computed for a chain of the same drafter")
     if samples is None or until_detectable:
         needed = samples_for_detection(plan, alpha)
         target = max(samples or MIN_SAMPLES, needed if needed is not None else max_samples + 1)
