@@ -55,6 +55,8 @@ def tiny():
 @pytest.mark.parametrize("method, options", [
     ("autoregressive", {}), ("speculative", {"drafter": "model"}), ("speculative", {"drafter": "prompt_lookup"}),
     ("speculative", {"drafter": "early_exit"}), ("speculative", {"drafter": "diffusion"}),
+    ("speculative", {"drafter": "model", "tree": "2,2"}),
+    ("speculative", {"drafter": "early_exit", "tree": "dynamic:6"}),
     ("diffusion", {"steps": 8, "block_length": 4}), ("diffusion", {"steps": 4, "block_length": 8, "cache": "dual"}),
     ("diffusion", {"steps": 8, "block_length": 8, "remasking": "random"})])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])

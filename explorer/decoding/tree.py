@@ -73,7 +73,7 @@ def node_mask(parents: list[int], nodes: list[int], slot: dict[int, int], prefix
               kv_len: int) -> torch.Tensor:
     """bool (len(nodes), kv_len): row r lets ``nodes[r]`` see the prefix [0, prefix_len) and the cache slots of
     its ancestors and itself (``slot``: node -> its column)."""
-    allowed = torch.zeros(len(nodes), kv_len, dtype=torch.bool)
+    allowed = torch.zeros(len(nodes), kv_len, dtype=torch.bool, device="cpu")  # built here, moved by additive_mask
     allowed[:, :prefix_len] = True
     for r, node in enumerate(nodes):
         allowed[r, [slot[a] for a in ancestors_and_self(parents, node)]] = True
@@ -82,7 +82,7 @@ def node_mask(parents: list[int], nodes: list[int], slot: dict[int, int], prefix
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """bool (Q, K) -> the additive float mask (1, 1, Q, K) a transformers model takes as is: 0 or dtype min."""
-    mask = torch.zeros(allowed.shape, dtype=dtype)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device="cpu")
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask[None, None].to(device)
 
@@ -96,7 +96,7 @@ def verify_inputs(parents: list[int], past: int, fed: int, dtype: torch.dtype,
     """
     n, prefix_len = len(parents), past + fed
     kv_len = prefix_len + n
-    causal = torch.ones(fed, kv_len, dtype=torch.bool).tril(past)  # row i sees columns <= past + i
+    causal = torch.ones(fed, kv_len, dtype=torch.bool, device="cpu").tril(past)  # row i sees columns <= past + i
     causal[:, prefix_len:] = False
     slot = {i: prefix_len + i for i in range(n)}
     allowed = torch.cat([causal, node_mask(parents, list(range(n)), slot, prefix_len, kv_len)])  # (fed + n, kv)
