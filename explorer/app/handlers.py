@@ -84,6 +84,7 @@ def run_lanes(prompt: str, preset: str, lanes: list[str], settings: Settings, sp
                                                 "others to play")
         if method in errors:
             views[method] = lane_view(method, prompt, pieces[method], options[method], "error", note=errors[method])
+    done = {m: done[m] for m in methods if m in done}  # the lanes' order, never the order they finished in
     current = {"traces": done, "pieces": {m: pieces[m] for m in done}, "errors": errors}
     if not done:
         yield _out(frame=frame_html(views, "Every lane failed."))

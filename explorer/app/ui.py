@@ -242,7 +242,9 @@ def _build_audit(c: Controls) -> None:
                 "*here*: the same verdict as `python -m explorer audit` (PASS / FAIL / INCONCLUSIVE). "
                 f"At most {AUDIT_MAX_SAMPLES} samples per request.")
     with gr.Row():
-        c.audit_temperature = gr.Slider(0.1, 2, value=1.0, step=0.05, label="temperature")
+        c.audit_temperature = gr.Slider(0, 2, value=1.0, step=0.05, label="temperature",
+                                        info="0 = greedy: no known bug changes a greedy output, so the audit "
+                                             "there is vacuous (never PASS)", elem_id="audit-temperature")
         c.audit_top_k = gr.Slider(1, 64, value=8, step=1, label="top-k (makes the first token enumerable)")
         c.audit_gamma = gr.Slider(1, 8, value=3, step=1, label="γ")
     c.audit_run = gr.Button("Run the audit", elem_id="audit-run")
@@ -252,7 +254,7 @@ def _build_audit(c: Controls) -> None:
 @gpu(hosting.run_duration)
 def run_audit_tab(prompt: str, preset: str, temperature: float, top_k: int, gamma: int) -> str:
     """The audit of the current prompt and preset, in words (``audit.report_lines``)."""
-    from explorer.measure.audit import report_lines, run_audit
+    from explorer.measure.audit import headline, report_lines, run_audit
 
     try:
         validate_prompt(prompt)
@@ -262,7 +264,7 @@ def run_audit_tab(prompt: str, preset: str, temperature: float, top_k: int, gamm
     except ExplorerError as exc:
         raise gr.Error(str(exc), print_exception=False) from None
     lines = report_lines(result)
-    return f"### {result.status}\n\n```\n" + "\n".join(lines) + "\n```"
+    return f"### {headline(result)}\n\n```\n" + "\n".join(lines) + "\n```"
 
 
 def build_demo(default_preset: str = DEFAULT_PRESET) -> gr.Blocks:
