@@ -16,7 +16,15 @@ import gradio as gr
 import pandas as pd
 
 from explorer.app import hosting, plots
-from explorer.app.handlers import HISTORY_LIMIT, RUN_OUTPUTS, RUN_TABLE_COLUMNS, acceptance_note, run_lanes, why_text
+from explorer.app.handlers import (
+    HISTORY_LIMIT,
+    RUN_OUTPUTS,
+    RUN_TABLE_COLUMNS,
+    acceptance_note,
+    run_lanes,
+    show_run,
+    why_text,
+)
 from explorer.app.hosting import gpu
 from explorer.app.lane_settings import (
     BLOCKS,
@@ -49,6 +57,7 @@ from explorer.app.page import (
     read_text,
 )
 from explorer.app.playback import LIVE, initial_frame, replay_at, replay_play, replay_step
+from explorer.app.runs import HISTORY_COLUMNS, RUNS_LIMIT, compare_figure
 from explorer.decoding.config import CACHES, DRAFTERS, METHODS, REMASKING, validate_prompt
 from explorer.errors import ExplorerError
 from explorer.models import DEFAULT_PRESET
@@ -105,6 +114,11 @@ class Controls:
     measure_figures: list[Any] = None
     export: Any = None
     files: Any = None
+    runs: Any = None  # gr.State: this page's runs (runs.py)
+    runs_table: Any = None
+    show_run: Any = None
+    compare: Any = None
+    compare_plot: Any = None
 
 
 def _build_prompt(c: Controls) -> None:
@@ -185,6 +199,17 @@ def _build_lanes(c: Controls) -> None:
         c.why = gr.Markdown(why_text(), elem_id="why")
     c.run_table = gr.Dataframe(pd.DataFrame(columns=RUN_TABLE_COLUMNS), elem_id="run-table", interactive=False,
                                label="This run, one row per lane (press Run to fill it)", wrap=True)
+    with gr.Accordion(f"Run history: every run of this page (the last {RUNS_LIMIT}), to compare", open=True,
+                      elem_id="history-panel"):
+        c.runs_table = gr.Dataframe(pd.DataFrame(columns=HISTORY_COLUMNS), elem_id="run-history", interactive=False,
+                                    wrap=True, label="Runs, newest first (speedups: median and range once several "
+                                                     "runs share a setup)")
+        with gr.Row():
+            c.show_run = gr.Dropdown([], label="Show an earlier run's lanes (no model runs)", elem_id="show-run")
+            c.compare = gr.Dropdown([], multiselect=True, label="Compare runs: acceptance side by side",
+                                    elem_id="compare-runs")
+        c.compare_plot = gr.Plot(compare_figure([], []), label="compare runs", elem_id="plot-compare",
+                                 elem_classes=["explorer-plot"])
 
 
 def _build_plots(c: Controls) -> None:
@@ -273,7 +298,7 @@ def build_demo(default_preset: str = DEFAULT_PRESET) -> gr.Blocks:
     with gr.Blocks(title="Decoding explorer", fill_width=True) as demo:
         gr.HTML(f"<style>{PAGE_CSS}</style>", apply_default_css=False, padding=False, elem_id="page-style")
         gr.Markdown(read_text("intro.md"), elem_id="intro")
-        c.history, c.current = gr.State([]), gr.State(None)
+        c.history, c.current, c.runs = gr.State([]), gr.State(None), gr.State([])
         with gr.Sidebar(label="Settings", width=330, elem_id="sidebar") as c.sidebar:
             c.settings = _build_settings(c, default_preset)
         _build_prompt(c)
@@ -319,9 +344,11 @@ def _wire(c: Controls, demo: gr.Blocks) -> None:
     outputs = {"frame": c.frame, "run_table": c.run_table, "result": c.result, "model_info": c.model_info,
                **dict(zip(plots.FIGURE_KEYS, c.figures, strict=True)), "plots_note": c.plots_note,
                "acceptance_note": c.acceptance_note, "why": c.why, "history": c.history, "current": c.current,
-               "scrubber": c.scrubber}
+               "scrubber": c.scrubber, "runs": c.runs, "runs_table": c.runs_table, "show_run": c.show_run,
+               "compare": c.compare, "compare_plot": c.compare_plot}
     c.run.click(None, js=SCROLL_JS)
-    run = c.run.click(with_settings(run_lanes, 3), [c.prompt, c.preset, c.lanes, *c.settings, c.speed, c.history],
+    run_inputs = [c.prompt, c.preset, c.lanes, *c.settings, c.speed, c.history, c.runs]
+    run = c.run.click(with_settings(run_lanes, 3), run_inputs,
                       [outputs[name] for name in RUN_OUTPUTS], api_name="run", show_progress="hidden",
                       **decode_slot)
     batch_inputs = [c.prompt, c.prompt_file, c.repeats, c.preset, c.lanes, *c.settings, c.history]
@@ -344,6 +371,10 @@ def _wire(c: Controls, demo: gr.Blocks) -> None:
     scrub = {"outputs": c.frame, "api_visibility": "undocumented", "show_progress": "hidden"}
     c.scrubber.release(replay_at, [c.current, c.scrubber], **scrub)
     c.scrubber.input(replay_at, [c.current, c.scrubber], trigger_mode="always_last", **scrub)
+    c.show_run.input(show_run, [c.runs, c.show_run], [c.frame, c.current, c.run_table, c.scrubber], cancels=[play],
+                     api_visibility="undocumented", show_progress="hidden")
+    c.compare.input(compare_figure, [c.runs, c.compare], c.compare_plot, api_visibility="undocumented",
+                    show_progress="hidden")
     c.export.click(export_traces, c.history, c.files, api_name="export", api_visibility="undocumented")
     c.presenter.change(lambda on: gr.Sidebar(open=not on), c.presenter, c.sidebar, js=PRESENTER_JS,
                        api_visibility="undocumented", queue=False)
