@@ -102,6 +102,8 @@ def run_lanes(prompt: str, preset: str, lanes: list[str], settings: Settings, sp
                 "than it would alone; a 'timed' Playback times each lane alone)." if live else
                 f"Each lane was decoded alone, then all played on one shared clock ({words}).") + greedy_note(done))
     number = past_runs[-1]["number"] + 1 if past_runs else 1
+    for trace in done.values():
+        trace.stats["batch"] = f"run {number}"  # the export's batch column
     run = runs.make_run(number, prompt, preset, current, "live" if live else "timed", caption=caption)
     past_runs = runs.add_run(past_runs, run)
     run["table"] = table = run_table(done, models, run, past_runs)

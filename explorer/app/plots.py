@@ -211,21 +211,38 @@ def _latency_samples(trace: Trace) -> dict[str, list[float]]:
             "request latency": [trace.stats["wall_s"] * 1e3]}
 
 
-def _pooled_by_method(traces: Sequence[Trace]) -> dict[str, dict[str, list[float]]]:
+def setup_of(trace: Trace) -> str:
+    """A lane's setup in words: what must match for two traces' latencies to be pooled."""
+    cfg = trace.config
+    bits = [f"T={cfg.get('temperature'):g}", f"N={cfg.get('max_new_tokens')}", str(trace.stats.get("dtype"))]
+    if trace.method == "speculative":
+        bits[:0] = [str(cfg.get("drafter")), f"γ={cfg.get('gamma')}"]
+    if trace.method == "diffusion":
+        bits[:0] = [f"K={cfg.get('steps')}", f"block {cfg.get('block_length')}"]
+    return " · ".join(bits)
+
+
+def _pooled_by_setup(traces: Sequence[Trace]) -> dict[str, dict[str, list[float]]]:
+    """Latency samples per setup, never pooled across settings: a method with one setup is named by the method
+    alone, else each setup by the method and its settings."""
+    setups: dict[str, set[str]] = {}
+    for trace in traces:
+        setups.setdefault(trace.method, set()).add(setup_of(trace))
     pooled: dict[str, dict[str, list[float]]] = {}
     for trace in traces:
-        samples = pooled.setdefault(trace.method, {"TTFT": [], "inter-token latency": [], "request latency": []})
+        label = trace.method if len(setups[trace.method]) == 1 else f"{trace.method[:4]} · {setup_of(trace)}"
+        samples = pooled.setdefault(label, {"TTFT": [], "inter-token latency": [], "request latency": []})
         for key, values in _latency_samples(trace).items():
             samples[key] += values
     return pooled
 
 
 def latency_percentiles_figure(traces: Sequence[Trace], names: Mapping[str, str] | None = None) -> go.Figure:
-    """TTFT, inter-token latency and request latency as p50 / p95 / p99 per method."""
-    title, caption = "Latency percentiles per method (ms)", setup_caption(traces, names)
+    """TTFT, inter-token latency and request latency as p50 / p95 / p99 per method and setup."""
+    title, caption = "Latency percentiles per setup (ms; never pooled across settings)", setup_caption(traces, names)
     if not traces:
         return empty_figure(title, caption, EMPTY["latency_percentiles"])
-    pooled = _pooled_by_method(traces)
+    pooled = _pooled_by_setup(traces)
     metrics = ["TTFT", "inter-token latency", "request latency"]
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.08)
     for q in (50, 95, 99):
@@ -245,16 +262,17 @@ def latency_cdf_figure(traces: Sequence[Trace], names: Mapping[str, str] | None 
     title, caption = "Latency CDF over this session's runs", setup_caption(traces, names)
     if not traces:
         return empty_figure(title, caption, EMPTY["latency_cdf"])
-    pooled = _pooled_by_method(traces)
+    pooled = _pooled_by_setup(traces)
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1)
     for col, metric in enumerate(["request latency", "inter-token latency"], start=1):
-        for method, samples in pooled.items():
+        for i, (setup, samples) in enumerate(pooled.items()):
             values = np.sort(samples[metric])
             if not values.size:
                 continue
+            colour = METHOD_COLOURS.get(setup) or RUN_COLOURS[i % len(RUN_COLOURS)]
             fig.add_scatter(x=values, y=np.arange(1, values.size + 1) / values.size, mode="lines+markers",
-                            line={"shape": "hv", "color": METHOD_COLOURS.get(method)}, marker={"size": 4},
-                            name=method, legendgroup=method, showlegend=col == 1, row=1, col=col)
+                            line={"shape": "hv", "color": colour}, marker={"size": 4},
+                            name=setup, legendgroup=setup, showlegend=col == 1, row=1, col=col)
         fig.update_xaxes(title_text=f"{metric} (ms)", row=1, col=col)
     fig.update_yaxes(title_text="fraction ≤ x", range=[0, 1.02], row=1, col=1)
     return style_figure(fig, title, caption)

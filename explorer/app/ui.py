@@ -16,6 +16,7 @@ import gradio as gr
 import pandas as pd
 
 from explorer.app import hosting, plots
+from explorer.app.audit_tab import AUDIT_MAX_SAMPLES, run_audit_tab
 from explorer.app.handlers import (
     HISTORY_LIMIT,
     RUN_OUTPUTS,
@@ -25,7 +26,6 @@ from explorer.app.handlers import (
     show_run,
     why_text,
 )
-from explorer.app.hosting import gpu
 from explorer.app.lane_settings import (
     BLOCKS,
     FLAG_FIELDS,
@@ -34,13 +34,13 @@ from explorer.app.lane_settings import (
     Settings,
     describe_preset,
     diffusion_plan,
-    load_preset,
     preset_settings,
 )
 from explorer.app.measure_tab import (
     MAX_PROMPT_FILE_BYTES,
     MAX_PROMPTS,
     MAX_REPEATS,
+    clear_measured,
     export_traces,
     measure,
     summary_table,
@@ -58,8 +58,7 @@ from explorer.app.page import (
 )
 from explorer.app.playback import LIVE, initial_frame, replay_at, replay_play, replay_step
 from explorer.app.runs import HISTORY_COLUMNS, RUNS_LIMIT, compare_figure
-from explorer.decoding.config import CACHES, DRAFTERS, METHODS, REMASKING, validate_prompt
-from explorer.errors import ExplorerError
+from explorer.decoding.config import CACHES, DRAFTERS, METHODS, REMASKING
 from explorer.models import DEFAULT_PRESET
 
 SPEEDS = [("live: all lanes decode at once, shown as they go (they share the CPU)", LIVE),
@@ -115,6 +114,8 @@ class Controls:
     export: Any = None
     files: Any = None
     runs: Any = None  # gr.State: this page's runs (runs.py)
+    measured: Any = None  # gr.State: the measure tab's batches since Clear
+    measure_clear: Any = None
     runs_table: Any = None
     show_run: Any = None
     compare: Any = None
@@ -242,7 +243,10 @@ def _build_measure(c: Controls) -> None:
     with gr.Row():
         c.prompt_file = gr.File(label="Prompt file (.txt / .jsonl)", file_types=[".txt", ".jsonl"], type="filepath")
         c.measure_file = gr.Button("Run the workload", elem_id="measure-file")
-    c.measure_status = gr.Markdown("Nothing measured yet: the tables fill after a measurement.")
+    with gr.Row():
+        c.measure_status = gr.Markdown("Nothing measured yet: the tables fill after a measurement and keep every "
+                                       "batch (γ 2, then γ 4, ...) until Clear.", elem_id="measure-status")
+        c.measure_clear = gr.Button("Clear the tables", size="sm", scale=0, elem_id="measure-clear")
     c.summary = gr.Dataframe(summary_table(pd.DataFrame()), label="Per setup (never pooled)", interactive=False,
                              wrap=True, elem_id="summary")
     c.per_prompt = gr.Dataframe(summary_table(pd.DataFrame(), by_prompt=True), label="Per prompt", interactive=False,
@@ -256,9 +260,6 @@ def _build_measure(c: Controls) -> None:
         c.files = gr.File(label="Traces", file_count="multiple", interactive=False)
     gr.Markdown(f"The export holds every request of this session (up to {HISTORY_LIMIT}; older ones are dropped and "
                 "the status line says so), one CSV row each with its prompt and every setting.")
-
-
-AUDIT_MAX_SAMPLES = 2000  # one audit request holds the decode slot: bounded
 
 
 def _build_audit(c: Controls) -> None:
@@ -276,29 +277,13 @@ def _build_audit(c: Controls) -> None:
     c.audit_out = gr.Markdown("No audit yet.", elem_id="audit-out")
 
 
-@gpu(hosting.run_duration)
-def run_audit_tab(prompt: str, preset: str, temperature: float, top_k: int, gamma: int) -> str:
-    """The audit of the current prompt and preset, in words (``audit.report_lines``)."""
-    from explorer.measure.audit import headline, report_lines, run_audit
-
-    try:
-        validate_prompt(prompt)
-        models = load_preset(preset)
-        result = run_audit(models, prompt, temperature=float(temperature), top_k=int(top_k), gamma=int(gamma),
-                           max_samples=AUDIT_MAX_SAMPLES)
-    except ExplorerError as exc:
-        raise gr.Error(str(exc), print_exception=False) from None
-    lines = report_lines(result)
-    return f"### {headline(result)}\n\n```\n" + "\n".join(lines) + "\n```"
-
-
 def build_demo(default_preset: str = DEFAULT_PRESET) -> gr.Blocks:
     """The whole app, opening on ``default_preset``; ``app.py`` exposes it as the module-level ``demo``."""
     c = Controls()
     with gr.Blocks(title="Decoding explorer", fill_width=True) as demo:
         gr.HTML(f"<style>{PAGE_CSS}</style>", apply_default_css=False, padding=False, elem_id="page-style")
         gr.Markdown(read_text("intro.md"), elem_id="intro")
-        c.history, c.current, c.runs = gr.State([]), gr.State(None), gr.State([])
+        c.history, c.current, c.runs, c.measured = gr.State([]), gr.State(None), gr.State([]), gr.State([])
         with gr.Sidebar(label="Settings", width=330, elem_id="sidebar") as c.sidebar:
             c.settings = _build_settings(c, default_preset)
         _build_prompt(c)
@@ -351,14 +336,16 @@ def _wire(c: Controls, demo: gr.Blocks) -> None:
     run = c.run.click(with_settings(run_lanes, 3), run_inputs,
                       [outputs[name] for name in RUN_OUTPUTS], api_name="run", show_progress="hidden",
                       **decode_slot)
-    batch_inputs = [c.prompt, c.prompt_file, c.repeats, c.preset, c.lanes, *c.settings, c.history]
+    batch_inputs = [c.prompt, c.prompt_file, c.repeats, c.preset, c.lanes, *c.settings, c.history, c.measured]
     batch_outputs = [c.measure_status, c.summary, c.per_prompt, *c.measure_figures, c.history,
-                     outputs["latency_percentiles"], outputs["latency_cdf"]]
+                     outputs["latency_percentiles"], outputs["latency_cdf"], c.measured]
     batch = {"outputs": batch_outputs, "show_progress_on": c.measure_status, **decode_slot}
     by_prompt = c.measure_prompt.click(with_settings(measure, 6), [gr.State("prompt"), *batch_inputs],
                                        api_name="measure", **batch)
     by_file = c.measure_file.click(with_settings(measure, 6), [gr.State("file"), *batch_inputs],
                                    api_name="workload", **batch)
+    c.measure_clear.click(clear_measured, None, [c.measure_status, c.summary, c.per_prompt, c.measured],
+                          api_visibility="undocumented", queue=False)
     c.audit_run.click(run_audit_tab, [c.prompt, c.preset, c.audit_temperature, c.audit_top_k, c.audit_gamma],
                       c.audit_out, api_name="audit", show_progress_on=c.audit_out, **decode_slot)
     play = c.play.click(replay_play, [c.current, c.scrubber, c.speed], [c.frame, c.scrubber],
