@@ -20,16 +20,19 @@ from explorer.app.playback import (
     decode_side_by_side,
     error_text,
     frame_html,
+    initial_frame,
     lane_view,
     one_torch_thread,
     playback_times,
     replay_frame,
     speed_words,
 )
+from explorer.decoding.config import METHODS
 from explorer.decoding.events import TokenStep, Trace, Verification
 from explorer.models import Models
 
 HISTORY_LIMIT = 5000  # traces kept per session (the measure tab says so; export writes all of them)
+LONG_PROMPT_TOKENS = 512  # above this the Run warns that the prefill delays the first token
 LANE_GAP_S = 0.05  # pause before each decode so the previous frame leaves before the decoder starts
 
 
@@ -49,8 +52,16 @@ def _out(**values: Any) -> tuple:
 def run_lanes(prompt: str, preset: str, lanes: list[str], settings: Settings, speed: float,
               history: list[Trace] | None, past_runs: list[dict] | None = None) -> Iterator[tuple]:
     """Decode every lane alone, then play them together on one clock with live plots; end with tables."""
+    chosen = tuple(m for m in METHODS if m in (lanes or []))
+    if chosen:  # at once: the lanes say what they wait for (a preset loads in seconds the first time)
+        yield _out(frame=initial_frame(chosen, settings, f"Preparing preset {preset} (loaded and warmed up the first "
+                                       "time only) …", note=f"waits for preset {preset} to load"))
     models = load_preset(preset)
     methods = check_inputs(models, prompt, lanes, settings)
+    prompt_tokens = len(lane_tokenizer(models, "autoregressive")(prompt).input_ids)
+    if prompt_tokens > LONG_PROMPT_TOKENS:
+        gr.Warning(f"A long prompt: {prompt_tokens} tokens. Every lane reads all of it (prefill) before its first "
+                   "token, so the lanes stay empty for a while.")
     options = {m: settings.options(m) for m in methods}
     pieces = {m: render.token_piece(lane_tokenizer(models, m)) for m in methods}
     views = {m: lane_view(m, prompt, pieces[m], options[m], "waiting", note="waits its turn: each lane is timed "

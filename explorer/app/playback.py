@@ -191,12 +191,15 @@ def frame_html(views: dict[str, render.LaneView], caption: str = "", below: str 
                              narration.narration_html(list(views.values())), below)
 
 
-def initial_frame(methods: tuple[str, ...] = METHODS, settings: Settings | None = None) -> str:
-    """The lanes before any run: everything waiting, the diffusion canvas fully masked."""
+def initial_frame(methods: tuple[str, ...] = METHODS, settings: Settings | None = None, caption: str = "",
+                  note: str = "") -> str:
+    """The lanes before any run (or before a run's models are ready: ``note`` says why they wait): everything
+    waiting, the diffusion canvas fully masked."""
     settings = settings or preset_settings()
-    views = {m: lane_view(m, "", str, settings.options(m), "waiting") for m in methods}
-    return frame_html(views, "Press Run: all lanes decode at once, every draft/verify and refinement step shown as it "
-                  "happens (a timed Playback decodes each lane alone, then replays them on one shared clock).")
+    views = {m: lane_view(m, "", str, settings.options(m), "waiting", note=note) for m in methods}
+    return frame_html(views, caption or "Press Run: all lanes decode at once, every draft/verify and refinement step "
+                      "shown as it happens (a timed Playback decodes each lane alone, then replays them on one shared "
+                      "clock).")
 
 
 def replay_frame(current: dict[str, Any] | None, at_ms: float, playing: bool = False, caption: str = "") -> str:

@@ -36,8 +36,8 @@ MARKS = {
     "resampled": ("res", "↻", "resampled by the target after a rejection"),
     "bonus": ("bon", "★", "bonus token (every draft accepted)"),
     "mask": ("mask", "", "[MASK], not yet revealed"),
-    "new": ("new", "●", "revealed at this step"),
-    "revealed": ("old", "", "revealed earlier (shade = confidence)"),
+    "new": ("new", "●", "revealed at this step (green)"),
+    "revealed": ("old", "", "committed earlier (underline = confidence)"),
 }
 
 

@@ -20,6 +20,7 @@ from explorer.measure.metrics import verification_frame
 RUNS_LIMIT = 20  # runs kept per browser session
 HISTORY_COLUMNS = ["run", "prompt", "preset", "drafter", "γ", "T", "precision", "playback", "acceptance",
                    "spec speedup vs AR", "diffusion vs AR"]
+HISTORY_WIDTHS = ["4%", "15%", "7%", "9%", "4%", "4%", "8%", "6%", "9%", "17%", "17%"]  # fits 1280 px
 
 
 def short(text: str, chars: int = 24) -> str:

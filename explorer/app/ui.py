@@ -19,6 +19,7 @@ from explorer.app import hosting, plots
 from explorer.app.audit_tab import AUDIT_MAX_SAMPLES, run_audit_tab
 from explorer.app.handlers import (
     HISTORY_LIMIT,
+    LONG_PROMPT_TOKENS,
     RUN_OUTPUTS,
     RUN_TABLE_COLUMNS,
     acceptance_note,
@@ -57,10 +58,11 @@ from explorer.app.page import (
     read_text,
 )
 from explorer.app.playback import LIVE, initial_frame, replay_at, replay_play, replay_step
-from explorer.app.runs import HISTORY_COLUMNS, RUNS_LIMIT, compare_figure
+from explorer.app.runs import HISTORY_COLUMNS, HISTORY_WIDTHS, RUNS_LIMIT, compare_figure
 from explorer.decoding.config import CACHES, DRAFTERS, METHODS, REMASKING
 from explorer.models import DEFAULT_PRESET
 
+MAX_PROMPT_CHARS = 20_000
 SPEEDS = [("live: all lanes decode at once, shown as they go (they share the CPU)", LIVE),
           ("timed: each lane alone, then all replayed, about 4 s", 0.0), ("timed, replayed in real time", 1.0),
           ("timed, replayed 2× slower", 2.0), ("timed, replayed 10× slower", 10.0),
@@ -124,8 +126,10 @@ class Controls:
 
 def _build_prompt(c: Controls) -> None:
     with gr.Row(equal_height=False, elem_id="prompt-row"):
-        c.prompt = gr.Textbox(label="Prompt", lines=2, max_lines=12, max_length=20_000, elem_id="prompt",
-                              value=EXAMPLES[0][0], scale=5)
+        c.prompt = gr.Textbox(label="Prompt", lines=2, max_lines=12, max_length=MAX_PROMPT_CHARS, elem_id="prompt",
+                              value=EXAMPLES[0][0], scale=5,
+                              info=f"at most {MAX_PROMPT_CHARS:,} characters (longer text is cut there); a prompt over "
+                                   f"{LONG_PROMPT_TOKENS} tokens is warned about: its prefill delays the first token")
         with gr.Column(scale=1, min_width=150, elem_id="run-column"):
             c.run = gr.Button("▶ Run", variant="primary", elem_id="run")
             c.stop = gr.Button("■ Stop", variant="stop", elem_id="stop")
@@ -145,16 +149,18 @@ def _build_settings(c: Controls, default_preset: str) -> list[Any]:
                                "replays all of them on one clock at the pace chosen")
     gr.Markdown("**All lanes**")
     max_new = gr.Slider(8, 256, value=d.max_new_tokens, step=8, label="max new tokens (N)", elem_id="max-new")
-    temperature = gr.Slider(0, 2, value=d.temperature, step=0.05, label="temperature (0 = greedy)")
+    temperature = gr.Slider(0, 2, value=d.temperature, step=0.05, label="temperature (0 = greedy)",
+                            elem_id="temperature")
     top_p = gr.Slider(0.05, 1, value=d.top_p, step=0.05, label="top-p (1 = off)")
     seed = gr.Number(d.seed, precision=0, label="seed")
     gr.Markdown("**Speculative**")
     drafter = gr.Radio(list(DRAFTERS), value=d.drafter, label="drafter")
-    gamma = gr.Slider(1, 16, value=d.gamma, step=1, label="γ (drafts per step)")
+    gamma = gr.Slider(1, 16, value=d.gamma, step=1, label="γ (drafts per step)", elem_id="gamma")
     adaptive = gr.Checkbox(d.adaptive_gamma, label="adaptive γ (+2 after a full acceptance, −1 after a rejection)")
     gr.Markdown("**Diffusion** (K and the block length follow N)")
     per_step = gr.Radio([(f"N/{r}" if r > 1 else "N (one token a pass)", r) for r in TOKENS_PER_STEP],
-                        value=d.tokens_per_step, label="steps K (tokens revealed per pass = N/K)")
+                        value=d.tokens_per_step, label="steps K (tokens revealed per pass = N/K)",
+                        elem_id="tokens-per-step")
     blocks = gr.Radio([(f"N/{b}" if b > 1 else "N (one block)", b) for b in BLOCKS], value=d.blocks,
                       label="block length (blocks are filled left to right)")
     remasking = gr.Radio(list(REMASKING), value=d.remasking, label="remasking")
@@ -203,8 +209,9 @@ def _build_lanes(c: Controls) -> None:
     with gr.Accordion(f"Run history: every run of this page (the last {RUNS_LIMIT}), to compare", open=True,
                       elem_id="history-panel"):
         c.runs_table = gr.Dataframe(pd.DataFrame(columns=HISTORY_COLUMNS), elem_id="run-history", interactive=False,
-                                    wrap=True, label="Runs, newest first (speedups: median and range once several "
-                                                     "runs share a setup)")
+                                    wrap=True, column_widths=HISTORY_WIDTHS,
+                                    label="Runs, newest first (speedups: median and range once several runs share "
+                                          "a setup)")
         with gr.Row():
             c.show_run = gr.Dropdown([], label="Show an earlier run's lanes (no model runs)", elem_id="show-run")
             c.compare = gr.Dropdown([], multiselect=True, label="Compare runs: acceptance side by side",
@@ -238,7 +245,8 @@ def _build_measure(c: Controls) -> None:
                 "grouped by preset, method, drafter, γ, temperature and diffusion schedule, never pooled across "
                 "them; every number has its 95% bootstrap interval in brackets.")
     with gr.Row():
-        c.repeats = gr.Slider(1, MAX_REPEATS, value=5, step=1, label="R (repeats per prompt and lane)")
+        c.repeats = gr.Slider(1, MAX_REPEATS, value=5, step=1, label="R (repeats per prompt and lane)",
+                              elem_id="measure-repeats")
         c.measure_prompt = gr.Button("Run this prompt R times", elem_id="measure-prompt")
     with gr.Row():
         c.prompt_file = gr.File(label="Prompt file (.txt / .jsonl)", file_types=[".txt", ".jsonl"], type="filepath")
