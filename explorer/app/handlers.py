@@ -234,6 +234,7 @@ def other_family(models: Models) -> bool:
 
 RUN_TABLE_COLUMNS = ["lane", "settings", "tokens", "passes", "draft passes", "tokens / pass", "acceptance",
                      "TTFT ms", "latency ms", "tokens / s", "speedup vs AR"]
+RUN_TABLE_WIDTHS = ["11%", "19%", "6%", "6%", "6%", "6%", "7%", "7%", "7%", "7%", "18%"]  # fits 1280 px
 
 
 def run_table(done: dict[str, Trace], models: Models | None = None, run: dict | None = None,

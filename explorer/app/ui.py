@@ -22,6 +22,7 @@ from explorer.app.handlers import (
     LONG_PROMPT_TOKENS,
     RUN_OUTPUTS,
     RUN_TABLE_COLUMNS,
+    RUN_TABLE_WIDTHS,
     acceptance_note,
     run_lanes,
     show_run,
@@ -205,7 +206,8 @@ def _build_lanes(c: Controls) -> None:
     with gr.Accordion("Why? Five questions a student asks", open=False, elem_id="why-panel"):
         c.why = gr.Markdown(why_text(), elem_id="why")
     c.run_table = gr.Dataframe(pd.DataFrame(columns=RUN_TABLE_COLUMNS), elem_id="run-table", interactive=False,
-                               label="This run, one row per lane (press Run to fill it)", wrap=True)
+                               label="This run, one row per lane (press Run to fill it)", wrap=True,
+                               column_widths=RUN_TABLE_WIDTHS)
     with gr.Accordion(f"Run history: every run of this page (the last {RUNS_LIMIT}), to compare", open=True,
                       elem_id="history-panel"):
         c.runs_table = gr.Dataframe(pd.DataFrame(columns=HISTORY_COLUMNS), elem_id="run-history", interactive=False,
