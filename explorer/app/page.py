@@ -28,7 +28,9 @@ SCROLL_JS = """() => { window.explorerStopUntil = 0; const el = document.querySe
       if (!note) { note = document.createElement('div'); note.className = 'note';
         lane.querySelector('.lane-head').after(note); }
       note.textContent = 'queued: starting (the preset may still be loading, or another run is decoding) …'; });
-    el.scrollIntoView({behavior: 'smooth', block: 'start'}); } }"""
+    // presenter mode: the prompt row (Run, Stop) stays on screen with the lanes under it
+    const top = document.body.classList.contains('presenter') ? document.querySelector('#prompt-row') : el;
+    (top || el).scrollIntoView({behavior: 'smooth', block: 'start'}); } }"""
 # Stop / Pause: a cancelled handler sends no last frame (and a frame already on its way may still land), so
 # for a moment after the click every lane still marked as moving is settled as stopped, after each update too.
 SETTLE_JS = """() => {
