@@ -37,6 +37,8 @@ def test_history_keeps_every_run_and_the_legend_tells_them_apart(random_models):
     legend = [t.name for t in final[OUT["running_acceptance"]].data]
     assert len(legend) == 3 and len(set(legend)) == 3, legend
     assert "Erkläre" in legend[1] and "T=1.2" in legend[2] and "live" in legend[2]
+    points = [t.name for t in final[OUT["break_even"]].data if t.name and t.name.startswith("run ")]
+    assert points == [runs.run_label(r) for r in past[:2]]  # the break-even plot keeps the earlier runs' points
     choices = [c[0] if isinstance(c, tuple) else c for c in final[OUT["show_run"]].choices]
     assert choices == [runs.run_label(r) for r in reversed(past)]
     # one click re-shows the first run's lanes, its run table and its replay state; no model runs

@@ -118,7 +118,8 @@ def run_lanes(prompt: str, preset: str, lanes: list[str], settings: Settings, sp
     run = runs.make_run(number, prompt, preset, current, "live" if live else "timed", caption=caption)
     past_runs = runs.add_run(past_runs, run)
     run["table"] = table = run_table(done, models, run, past_runs)
-    figures = plots.all_figures(history, done, models.names, runs.labelled_speculative(past_runs))
+    figures = plots.all_figures(history, done, models.names, runs.labelled_speculative(past_runs),
+                                runs.earlier_points(past_runs))
     labels = [runs.run_label(r) for r in reversed(past_runs)]
     yield _out(frame=replay_frame(current, end_ms, caption=caption), run_table=table,
                runs=past_runs, runs_table=runs.history_table(past_runs),

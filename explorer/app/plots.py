@@ -174,8 +174,10 @@ def measured_speedup(spec: Trace, reference: Trace) -> float:
 
 
 def break_even_figure(spec: Trace | None, reference: Trace | None = None,
-                      names: Mapping[str, str] | None = None, gammas: Sequence[int] = (1, 2, 4, 8)) -> go.Figure:
-    """Predicted speedup (1 - a^(g+1)) / ((1 - a)(g c + 1)) against α, with the measured point."""
+                      names: Mapping[str, str] | None = None, gammas: Sequence[int] = (1, 2, 4, 8),
+                      earlier: Sequence[tuple[str, Trace, Trace]] = ()) -> go.Figure:
+    """Predicted speedup (1 - a^(g+1)) / ((1 - a)(g c + 1)) against α, with the measured point; ``earlier``
+    (label, speculative, autoregressive) adds the page's earlier runs' measured points."""
     title = "Break-even: predicted speedup vs acceptance α"
     caption = setup_caption([t for t in (spec, reference) if t is not None], names)
     if spec is None:
@@ -195,6 +197,13 @@ def break_even_figure(spec: Trace | None, reference: Trace | None = None,
     if reference is not None and np.isfinite(alpha):
         fig.add_scatter(x=[alpha], y=[measured_speedup(spec, reference)], mode="markers", name="measured vs AR lane",
                         marker={"size": 13, "symbol": "star", "color": "#dc2626"})
+    for i, (label, other, other_reference) in enumerate(earlier):
+        a = alpha_estimate(other)
+        if np.isfinite(a):
+            fig.add_scatter(x=[a], y=[measured_speedup(other, other_reference)], mode="markers", name=label,
+                            marker={"size": 10, "symbol": "star-open", "color": RUN_COLOURS[i % len(RUN_COLOURS)]})
+    if earlier:
+        fig.update_layout(height=HEIGHT + 22 * len(earlier), margin={"b": 95 + 22 * len(earlier)})
     fig.update_xaxes(title="α = E[min(1, p/q)] (α̂: mean over verified drafts)", range=[0, 1])
     fig.update_yaxes(title="speedup over autoregressive", rangemode="tozero")
     return style_figure(fig, f"Break-even (γ = {gamma}, measured cost ratio c = {c:.2f})", caption)
@@ -307,15 +316,18 @@ FIGURE_KEYS = ("running_acceptance", "position_acceptance", "accepted_histogram"
 
 
 def all_figures(history: Sequence[Trace], current: Mapping[str, Trace], names: Mapping[str, str] | None = None,
-                labelled: Sequence[tuple[str, Trace]] | None = None) -> dict[str, go.Figure]:
+                labelled: Sequence[tuple[str, Trace]] | None = None,
+                earlier: Sequence[tuple[str, Trace, Trace]] = ()) -> dict[str, go.Figure]:
     """Every figure the UI shows, keyed as FIGURE_KEYS: the current run's details, the session's latency
-    (``labelled``: the running-acceptance plot's runs with their labels)."""
+    (``labelled``: the running-acceptance plot's runs with their labels; ``earlier``: the page's earlier runs'
+    measured points on the break-even plot)."""
     latest = list(current.values())
     return {
         "running_acceptance": running_acceptance_figure(history, names, labelled=labelled),
         "position_acceptance": position_acceptance_figure(latest, names),
         "accepted_histogram": accepted_histogram_figure(latest, names),
-        "break_even": break_even_figure(current.get("speculative"), current.get("autoregressive"), names),
+        "break_even": break_even_figure(current.get("speculative"), current.get("autoregressive"), names,
+                                        earlier=earlier),
         "latency_percentiles": latency_percentiles_figure(history, names),
         "latency_cdf": latency_cdf_figure(history, names),
         "diffusion_reveals": diffusion_reveals_figure(latest, names),

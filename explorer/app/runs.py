@@ -119,6 +119,14 @@ def labelled_speculative(runs: Sequence[dict], last: int = 5) -> list[tuple[str,
             if "speculative" in r["current"]["traces"]][-last:]
 
 
+def earlier_points(runs: Sequence[dict], last: int = 4) -> list[tuple[str, Trace, Trace]]:
+    """(label, speculative, autoregressive) of the runs before the latest that have both lanes in one dtype: their
+    measured points on the break-even plot."""
+    both = [r for r in runs[:-1] if {"speculative", "autoregressive"} <= set(r["current"]["traces"])]
+    return [(run_label(r), r["current"]["traces"]["speculative"], r["current"]["traces"]["autoregressive"])
+            for r in both if not speedup_cell(r, [r]).startswith("not comparable")][-last:]
+
+
 def compare_figure(runs: Sequence[dict], chosen: Sequence[str] | None) -> go.Figure:
     """The chosen runs' acceptance side by side: overall (accepted / proposed) and after each verify step."""
     title = "Compare runs: acceptance side by side"
