@@ -94,7 +94,7 @@ def test_setups_accumulate_across_batches_and_the_baseline_is_reused(monkeypatch
                                        ["autoregressive", "speculative"], settings, history, measured)
         status, summary, per_prompt, *_, history, _, _, measured = last
     assert decoded == ["autoregressive", "speculative"] * 2 + ["speculative"] * 2
-    assert "2 autoregressive decodes reused" in status
+    assert "Done: 2 decodes (2 autoregressive decodes reused" in status
     assert list(summary["setup"].str.extract(r"(γ=\d+|autoregressive)")[0]) == ["autoregressive", "γ=2", "γ=4"]
     assert list(summary.columns[:4]) == ["setup", "n", "speedup vs AR", "acceptance"]  # the decision first
     status, summary, _, measured = measure_tab.clear_measured()

@@ -41,7 +41,8 @@ def measure(source: str, prompt: str, prompt_file: str | None, repeats: int, pre
             measured: list[tuple[tuple, Trace]] | None = None) -> Iterator[tuple]:
     """Run every lane R times over the prompt (``source="prompt"``) or the uploaded prompt file; summarize
     per setup and per prompt, with spreads, over every batch since the last Clear (``measured``: (key, trace)
-    pairs). An autoregressive decode already measured with the same settings is reused, not run again."""
+    pairs). A decode already measured with the same settings (the AR baseline, a lane left unchanged) is reused,
+    not run again, so no sample counts twice."""
     if source == "file" and not prompt_file:
         raise gr.Error("upload a prompt file first", print_exception=False)
     prompts = read_uploaded_prompts(prompt_file) if source == "file" else [Prompt("prompt", prompt)]
@@ -58,7 +59,7 @@ def measure(source: str, prompt: str, prompt_file: str | None, repeats: int, pre
         raise gr.Error(str(exc), print_exception=False) from None
     batch: list[tuple[tuple, Trace]] = []
     earlier = dict(measured or [])
-    reused = 0
+    reused: dict[str, int] = {}
     batch_id = 1 + len({t.stats.get("batch") for _, t in measured or []})
     skip = (gr.skip(),) * (len(MEASURE_OUTPUTS) - 1)
     for i, (p, r, method) in enumerate((p, r, m) for p in prompts for r in range(repeats) for m in methods):
@@ -66,8 +67,8 @@ def measure(source: str, prompt: str, prompt_file: str | None, repeats: int, pre
         if p.temperature is not None:  # a temperature in the prompt file overrides the run's
             options["temperature"] = p.temperature
         key = decode_key(preset, method, p.text, options)
-        if method == "autoregressive" and key in earlier:  # the baseline is already measured: reuse it
-            reused += 1
+        if key in earlier:  # already measured (the AR baseline, an unchanged lane): reuse it, never duplicate it
+            reused[method] = reused.get(method, 0) + 1
             continue
         try:  # lanes run one at a time, so every decode is timed alone
             trace = explorer.decode(method, models, p.text, **options)
@@ -86,8 +87,9 @@ def measure(source: str, prompt: str, prompt_file: str | None, repeats: int, pre
     frame = requests_frame(traces)
     family = [preset] if other_family(models) else []
     batches = len({t.stats.get("batch") for t in traces})
-    note = (f"Done: {total} decodes" + (f" ({reused} autoregressive decodes reused from an earlier batch with the "
-                                        "same settings, not run again)" if reused else "")
+    again = ", ".join(f"{n} {method}" for method, n in reused.items())
+    note = (f"Done: {total - sum(reused.values())} decodes" + (f" ({again} decodes reused from an earlier batch with "
+                                                               "the same settings, not run again)" if reused else "")
             + f". Seeds {int(settings.seed)}..{int(settings.seed) + repeats - 1} (one per repeat). The tables "
             f"hold {batches} batch(es), {len(traces)} decodes, until **Clear**. The session holds {len(history)} "
             "traces; **Export** writes all of them"
