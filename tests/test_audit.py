@@ -38,6 +38,22 @@ def test_each_known_bug_fails_at_the_default_sample_count(tiny, monkeypatch, bug
     assert result.status == "FAIL" and result.verdict.startswith("FAIL"), result.verdict
 
 
+def test_greedy_audit_is_vacuous_never_pass(tiny, capsys):
+    """At T = 0 no known bug changes the output: the audit can test nothing, so it must not say PASS (and the
+    CLI's --json exits 3, INCONCLUSIVE)."""
+    result = audit.run_audit(tiny, PROMPT, temperature=0.0, top_k=2, gamma=3, samples=20)
+    assert result.status == "INCONCLUSIVE", result.verdict
+    assert result.verdict.startswith("INCONCLUSIVE: vacuous at these settings (greedy: no known bug changes the "
+                                     "output; try T > 0).")
+    assert audit.headline(result) == ("INCONCLUSIVE: vacuous at these settings (greedy: no known bug changes the "
+                                      "output; try T > 0)")
+    from explorer import cli
+
+    code = cli.main(["audit", "--preset", "tiny", "--prompt", PROMPT, "--temperature", "0", "--top-k", "2",
+                     "--samples", "10", "--json"])
+    assert code == 3 and '"status": "INCONCLUSIVE"' in capsys.readouterr().out
+
+
 def test_too_few_samples_is_inconclusive_never_pass(tiny):
     result = audit.run_audit(tiny, PROMPT, samples=30, **OPTIONS)
     assert result.status == "INCONCLUSIVE"

@@ -11,7 +11,7 @@ LAYERS = [
     ("models", ["models", "families"]),
     ("decoding", ["decoding"]),
     ("api", ["decoding.api", "decoding.flags", "__init__"]),
-    ("measure and views", ["measure", "app.render", "app.tree_view", "app.plots", "engine"]),
+    ("measure and views", ["measure", "app.render", "app.tree_view", "app.byte_chips", "app.plots", "engine"]),
     ("app", ["app", "measure.loadtest"]),
     ("entry points", ["cli", "__main__", "train", "training", "engine.commands"]),
 ]

@@ -76,3 +76,36 @@ def test_export_writes_every_trace_with_prompt_and_settings(traces):
                    "block_length", "remasking", "top_p"):
         assert column in rows[0], column
     assert len(pd.read_json(json_path)) == len(many)
+
+
+def test_setups_accumulate_across_batches_and_the_baseline_is_reused(monkeypatch):
+    """A γ 2 batch then a γ 4 batch: the per-setup table keeps both until Clear, and the autoregressive baseline
+    (same prompt and settings) is decoded once, not once per batch."""
+    from explorer.app.lane_settings import Settings, load_preset
+
+    load_preset("random-tiny")  # its warm-up decodes are not the batch's
+    decoded = []
+    real = explorer.decode
+    monkeypatch.setattr(explorer, "decode", lambda method, *a, **k: decoded.append(method) or real(method, *a, **k))
+    measured, history = [], []
+    for gamma in (2, 4):
+        settings = Settings(max_new_tokens=8, temperature=0.0, drafter="model", gamma=gamma)
+        *_, last = measure_tab.measure("prompt", "def parse(line):", None, 2, "random-tiny",
+                                       ["autoregressive", "speculative"], settings, history, measured)
+        status, summary, per_prompt, *_, history, _, _, measured = last
+    assert decoded == ["autoregressive", "speculative"] * 2 + ["speculative"] * 2
+    assert "Done: 2 decodes (2 autoregressive decodes reused" in status
+    assert list(summary["setup"].str.extract(r"(γ=\d+|autoregressive)")[0]) == ["autoregressive", "γ=2", "γ=4"]
+    assert list(summary.columns[:4]) == ["setup", "n", "speedup vs AR", "acceptance"]  # the decision first
+    status, summary, _, measured = measure_tab.clear_measured()
+    assert summary.empty and measured == []
+
+
+def test_integers_stay_integers_in_the_csv(traces, tmp_path):
+    frame = metrics.requests_frame(traces)
+    path = tmp_path / "t.csv"
+    frame.to_csv(path, index=False)
+    rows = list(csv.DictReader(path.open()))
+    assert {r["gamma"] for r in rows} == {"", "2", "4"} and all(r["text"] is not None for r in rows)
+    table = measure_tab.summary_table(metrics.grouped_summary(frame))
+    assert table["setup"].str.contains("γ=2 ").any() and not table["setup"].str.contains(r"\.0\b").any()

@@ -67,3 +67,12 @@ def test_latency_percentiles_per_method(run):
     request = p99[2]  # third panel: request latency
     ms = dict(zip(request.x, request.y, strict=True))
     assert math.isclose(ms["speculative"], run["speculative"].stats["wall_s"] * 1e3)
+
+
+def test_latency_percentiles_never_pool_different_settings(random_models):
+    """Two temperatures of one method are two setups (two bars), never one pooled '2 runs'."""
+    cold = explorer.decode("speculative", random_models, "def f(x):", max_new_tokens=8)
+    hot = explorer.decode("speculative", random_models, "def f(x):", max_new_tokens=8, temperature=1.2, seed=1)
+    fig = plots.latency_percentiles_figure([cold, hot, cold])
+    labels = [t for t in fig.data if t.name == "p50"][0].x
+    assert len(labels) == 2 and any("T=1.2" in x for x in labels) and any("T=0 " in x for x in labels), labels

@@ -11,7 +11,7 @@ import gradio as gr
 import numpy as np
 import pandas as pd
 
-from explorer.app import hosting, live_plots, plots, render
+from explorer.app import hosting, live_plots, plots, render, runs
 from explorer.app.hosting import gpu
 from explorer.app.lane_settings import Settings, check_inputs, describe_models, lane_tokenizer, load_preset
 from explorer.app.page import read_text
@@ -20,16 +20,19 @@ from explorer.app.playback import (
     decode_side_by_side,
     error_text,
     frame_html,
+    initial_frame,
     lane_view,
     one_torch_thread,
     playback_times,
     replay_frame,
     speed_words,
 )
+from explorer.decoding.config import METHODS
 from explorer.decoding.events import TokenStep, Trace, Verification
 from explorer.models import Models
 
 HISTORY_LIMIT = 5000  # traces kept per session (the measure tab says so; export writes all of them)
+LONG_PROMPT_TOKENS = 512  # above this the Run warns that the prefill delays the first token
 LANE_GAP_S = 0.05  # pause before each decode so the previous frame leaves before the decoder starts
 
 
@@ -37,7 +40,7 @@ LANE_GAP_S = 0.05  # pause before each decode so the previous frame leaves befor
 # handlers
 
 RUN_OUTPUTS = ("frame", "run_table", "result", "model_info", *plots.FIGURE_KEYS, "plots_note", "acceptance_note",
-               "why", "history", "current", "scrubber")
+               "why", "history", "current", "scrubber", "runs", "runs_table", "show_run", "compare", "compare_plot")
 
 
 def _out(**values: Any) -> tuple:
@@ -47,10 +50,18 @@ def _out(**values: Any) -> tuple:
 
 @gpu(hosting.run_duration)
 def run_lanes(prompt: str, preset: str, lanes: list[str], settings: Settings, speed: float,
-              history: list[Trace] | None) -> Iterator[tuple]:
+              history: list[Trace] | None, past_runs: list[dict] | None = None) -> Iterator[tuple]:
     """Decode every lane alone, then play them together on one clock with live plots; end with tables."""
+    chosen = tuple(m for m in METHODS if m in (lanes or []))
+    if chosen:  # at once: the lanes say what they wait for (a preset loads in seconds the first time)
+        yield _out(frame=initial_frame(chosen, settings, f"Preparing preset {preset} (loaded and warmed up the first "
+                                       "time only) …", note=f"waits for preset {preset} to load"))
     models = load_preset(preset)
     methods = check_inputs(models, prompt, lanes, settings)
+    prompt_tokens = len(lane_tokenizer(models, "autoregressive")(prompt).input_ids)
+    if prompt_tokens > LONG_PROMPT_TOKENS:
+        gr.Warning(f"A long prompt: {prompt_tokens} tokens. Every lane reads all of it (prefill) before its first "
+                   "token, so the lanes stay empty for a while.")
     options = {m: settings.options(m) for m in methods}
     pieces = {m: render.token_piece(lane_tokenizer(models, m)) for m in methods}
     views = {m: lane_view(m, prompt, pieces[m], options[m], "waiting", note="waits its turn: each lane is timed "
@@ -84,6 +95,7 @@ def run_lanes(prompt: str, preset: str, lanes: list[str], settings: Settings, sp
                                                 "others to play")
         if method in errors:
             views[method] = lane_view(method, prompt, pieces[method], options[method], "error", note=errors[method])
+    done = {m: done[m] for m in methods if m in done}  # the lanes' order, never the order they finished in
     current = {"traces": done, "pieces": {m: pieces[m] for m in done}, "errors": errors}
     if not done:
         yield _out(frame=frame_html(views, "Every lane failed."))
@@ -97,11 +109,23 @@ def run_lanes(prompt: str, preset: str, lanes: list[str], settings: Settings, sp
         yield _out(frame=frame, **once)
         once = {}  # the replay state goes out with the first frame, so Stop leaves a replayable run
     history = ([*(history or []), *done.values()])[-HISTORY_LIMIT:]
-    figures = plots.all_figures(history, done, models.names)
     caption = ((f"All lanes were decoded at once and shown as they went ({words}, so each lane's clock ran slower "
                 "than it would alone; a 'timed' Playback times each lane alone)." if live else
                 f"Each lane was decoded alone, then all played on one shared clock ({words}).") + greedy_note(done))
-    yield _out(frame=replay_frame(current, end_ms, caption=caption), run_table=run_table(done, models),
+    number = past_runs[-1]["number"] + 1 if past_runs else 1
+    for trace in done.values():
+        trace.stats["batch"] = f"run {number}"  # the export's batch column
+    run = runs.make_run(number, prompt, preset, current, "live" if live else "timed", caption=caption)
+    past_runs = runs.add_run(past_runs, run)
+    run["table"] = table = run_table(done, models, run, past_runs)
+    figures = plots.all_figures(history, done, models.names, runs.labelled_speculative(past_runs),
+                                runs.earlier_points(past_runs))
+    labels = [runs.run_label(r) for r in reversed(past_runs)]
+    yield _out(frame=replay_frame(current, end_ms, caption=caption), run_table=table,
+               runs=past_runs, runs_table=runs.history_table(past_runs),
+               show_run=gr.Dropdown(choices=labels, value=labels[0]),
+               compare=gr.Dropdown(choices=labels, value=labels[:3], multiselect=True),
+               compare_plot=runs.compare_figure(past_runs, labels[:3]),
                result=token_result(done), model_info=describe_models(models),
                **{k: figures[k] for k in plots.FIGURE_KEYS},
                plots_note=f"These plots show this run ({short_text(prompt)}); latency plots cover the session's "
@@ -111,6 +135,18 @@ def run_lanes(prompt: str, preset: str, lanes: list[str], settings: Settings, sp
                                                                    value=round(end_ms + 0.1, 1)))
     if errors:
         raise gr.Error("; ".join(f"{m}: {e}" for m, e in errors.items()), print_exception=False)
+
+
+def show_run(past_runs: list[dict] | None, label: str | None) -> tuple:
+    """An earlier run of this page again (lanes at their end, its run table, the replay on it); no model runs."""
+    run = next((r for r in past_runs or [] if runs.run_label(r) == label), None)
+    if run is None:
+        return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+    current = run["current"]
+    end_ms = max(t.stats["wall_s"] for t in current["traces"].values()) * 1e3
+    caption = f"Run history: {runs.run_label(run)} (no model ran again). {run['caption']}"
+    return (replay_frame(current, end_ms, caption=caption), current, run["table"],
+            gr.Slider(minimum=0, maximum=round(end_ms + 0.1, 1), value=round(end_ms + 0.1, 1)))
 
 
 def _decode_live(methods: list[str], models: Models, prompt: str, options: dict, pieces: dict, views: dict,
@@ -199,16 +235,23 @@ def other_family(models: Models) -> bool:
 
 RUN_TABLE_COLUMNS = ["lane", "settings", "tokens", "passes", "draft passes", "tokens / pass", "acceptance",
                      "TTFT ms", "latency ms", "tokens / s", "speedup vs AR"]
+RUN_TABLE_WIDTHS = ["11%", "19%", "6%", "6%", "6%", "6%", "7%", "7%", "7%", "7%", "18%"]  # fits 1280 px
 
 
-def run_table(done: dict[str, Trace], models: Models | None = None) -> pd.DataFrame:
-    """One row per lane of the last run; the speedup is per token against the AR lane (one run: no spread)."""
+def run_table(done: dict[str, Trace], models: Models | None = None, run: dict | None = None,
+              past_runs: list[dict] | None = None) -> pd.DataFrame:
+    """One row per lane of the last run; the speedup is per token against the AR lane, with the playback and
+    precision it came from (``runs.speedup_cell``: a spread once several runs share the setup)."""
     reference = done.get("autoregressive")
     rows = []
     for method, trace in done.items():
         s = trace.stats
         if method == "diffusion" and models is not None and other_family(models):
             speedup = "n/a: another model family"
+        elif method == "autoregressive" and reference is not None:
+            speedup = "1 (reference)"
+        elif run is not None:
+            speedup = runs.speedup_cell(run, past_runs or [run], method)
         elif reference is not None:
             speedup = f"{plots.measured_speedup(trace, reference):.2f}× (1 run)"
         else:

@@ -17,6 +17,7 @@ from explorer.app import hosting, plots
 from explorer.app.handlers import HISTORY_LIMIT, other_family, short_text
 from explorer.app.hosting import gpu
 from explorer.app.lane_settings import Settings, check_inputs, load_preset
+from explorer.app.runs import number
 from explorer.decoding.events import Trace
 from explorer.errors import ExplorerError
 from explorer.measure.metrics import BOOTSTRAP_RESAMPLES, grouped_summary, requests_frame
@@ -26,14 +27,22 @@ MAX_PROMPTS, MAX_PROMPT_FILE_BYTES, MAX_REPEATS, MAX_BATCH_DECODES = 200, 100_00
 
 
 MEASURE_OUTPUTS = ("measure_status", "summary", "per_prompt", "measure_latency", "measure_cdf", "history",
-                   "latency_percentiles", "latency_cdf")
+                   "latency_percentiles", "latency_cdf", "measured")
+
+
+def decode_key(preset: str, method: str, prompt: str, options: dict) -> tuple:
+    """Two decodes with equal keys are the same measurement (same preset, lane, prompt and options)."""
+    return (preset, method, prompt, tuple(sorted((k, str(v)) for k, v in options.items())))
 
 
 @gpu(hosting.measure_duration)
 def measure(source: str, prompt: str, prompt_file: str | None, repeats: int, preset: str, lanes: list[str],
-            settings: Settings, history: list[Trace] | None) -> Iterator[tuple]:
+            settings: Settings, history: list[Trace] | None,
+            measured: list[tuple[tuple, Trace]] | None = None) -> Iterator[tuple]:
     """Run every lane R times over the prompt (``source="prompt"``) or the uploaded prompt file; summarize
-    per setup and per prompt, with spreads."""
+    per setup and per prompt, with spreads, over every batch since the last Clear (``measured``: (key, trace)
+    pairs). A decode already measured with the same settings (the AR baseline, a lane left unchanged) is reused,
+    not run again, so no sample counts twice."""
     if source == "file" and not prompt_file:
         raise gr.Error("upload a prompt file first", print_exception=False)
     prompts = read_uploaded_prompts(prompt_file) if source == "file" else [Prompt("prompt", prompt)]
@@ -48,33 +57,55 @@ def measure(source: str, prompt: str, prompt_file: str | None, repeats: int, pre
         hosting.check_measure_workload(total, settings.max_new_tokens)
     except ExplorerError as exc:
         raise gr.Error(str(exc), print_exception=False) from None
-    batch: list[Trace] = []
+    batch: list[tuple[tuple, Trace]] = []
+    earlier = dict(measured or [])
+    reused: dict[str, int] = {}
+    batch_id = 1 + len({t.stats.get("batch") for _, t in measured or []})
     skip = (gr.skip(),) * (len(MEASURE_OUTPUTS) - 1)
     for i, (p, r, method) in enumerate((p, r, m) for p in prompts for r in range(repeats) for m in methods):
         options = settings.options(method, seed_offset=r)
         if p.temperature is not None:  # a temperature in the prompt file overrides the run's
             options["temperature"] = p.temperature
+        key = decode_key(preset, method, p.text, options)
+        if key in earlier:  # already measured (the AR baseline, an unchanged lane): reuse it, never duplicate it
+            reused[method] = reused.get(method, 0) + 1
+            continue
         try:  # lanes run one at a time, so every decode is timed alone
-            batch.append(explorer.decode(method, models, p.text, **options))
+            trace = explorer.decode(method, models, p.text, **options)
         except ExplorerError as exc:
             raise gr.Error(f"prompt {p.id}: {exc}", print_exception=False) from None
+        trace.stats["batch"] = f"measure {batch_id}"
+        batch.append((key, trace))
         status = (f"{i + 1} / {total} decodes ({len(prompts)} prompt(s) × {repeats} repeat(s) × "
                   f"{len(methods)} lane(s))")
         yield (status if i % 5 == 0 else gr.skip(), *skip)  # every decode: a chance for Stop to cancel
-    history = [*(history or []), *batch]
+    history = [*(history or []), *(t for _, t in batch)]
     dropped = max(0, len(history) - HISTORY_LIMIT)
     history = history[-HISTORY_LIMIT:]
-    frame = requests_frame(batch)
+    measured = [*(measured or []), *batch][-HISTORY_LIMIT:]
+    traces = [t for _, t in measured]
+    frame = requests_frame(traces)
     family = [preset] if other_family(models) else []
-    note = (f"Done: {total} decodes. Seeds {int(settings.seed)}..{int(settings.seed) + repeats - 1} (one per "
-            f"repeat). The session now holds {len(history)} traces; **Export** writes all of them"
+    batches = len({t.stats.get("batch") for t in traces})
+    again = ", ".join(f"{n} {method}" for method, n in reused.items())
+    note = (f"Done: {total - sum(reused.values())} decodes" + (f" ({again} decodes reused from an earlier batch with "
+                                                               "the same settings, not run again)" if reused else "")
+            + f". Seeds {int(settings.seed)}..{int(settings.seed) + repeats - 1} (one per repeat). The tables "
+            f"hold {batches} batch(es), {len(traces)} decodes, until **Clear**. The session holds {len(history)} "
+            "traces; **Export** writes all of them"
             + (f" (the oldest {dropped} were dropped: the session keeps at most {HISTORY_LIMIT})." if dropped else ".")
             + f" Brackets: 95% bootstrap interval ({BOOTSTRAP_RESAMPLES} resamples); ⚠ marks fewer than 5 samples.")
     yield (note, summary_table(grouped_summary(frame, family)),
            summary_table(grouped_summary(frame, family, by_prompt=True), by_prompt=True),
-           plots.latency_percentiles_figure(batch, models.names), plots.latency_cdf_figure(batch, models.names),
+           plots.latency_percentiles_figure(traces, models.names), plots.latency_cdf_figure(traces, models.names),
            history, plots.latency_percentiles_figure(history, models.names),
-           plots.latency_cdf_figure(history, models.names))
+           plots.latency_cdf_figure(history, models.names), measured)
+
+
+def clear_measured() -> tuple:
+    """Forget the batches the tables summarize (the session's traces, and Export, keep them)."""
+    return ("Cleared: the next batch starts the tables afresh (Export still holds every trace of the session).",
+            summary_table(pd.DataFrame()), summary_table(pd.DataFrame(), by_prompt=True), [])
 
 
 def _ci(value: float, lo: float, hi: float, scale: float = 1.0, fmt: str = "{:.0f}") -> str:
@@ -89,17 +120,17 @@ def _ci(value: float, lo: float, hi: float, scale: float = 1.0, fmt: str = "{:.0
 def summary_table(summary: pd.DataFrame, by_prompt: bool = False) -> pd.DataFrame:
     """The grouped summary as a compact table of strings: one 'setup' column, every number with its
     95% interval in brackets, a ⚠ under 5 samples."""
-    columns = ["setup", *(["prompt"] if by_prompt else []), "n", "latency p50 ms",
-               *([] if by_prompt else ["p95 ms", "p99 ms"]), "TTFT p50 ms", "acceptance", "speedup vs AR"]
+    columns = ["setup", *(["prompt"] if by_prompt else []), "n", "speedup vs AR", "acceptance", "latency p50 ms",
+               *([] if by_prompt else ["p95 ms", "p99 ms"]), "TTFT p50 ms"]  # what a decision needs first
     if summary.empty:
         return pd.DataFrame(columns=columns)
     rows = []
     for r in summary.to_dict("records"):
-        setup = [r["method"], f"preset {r['preset']}", f"T={r['temperature']}"]
+        setup = [r["method"], f"preset {r['preset']}", f"T={number(r['temperature'])}"]
         if r["method"] == "speculative":
-            setup[1:1] = [f"{r['drafter']}", f"γ={r['gamma']}"]
+            setup[1:1] = [f"{r['drafter']}", f"γ={number(r['gamma'])}"]
         if r["method"] == "diffusion":
-            setup[1:1] = [f"K={r.get('steps')}", f"block {r.get('block_length') or 'N'}"]
+            setup[1:1] = [f"K={number(r.get('steps'))}", f"block {number(r.get('block_length') or 'N')}"]
         row = {"setup": " · ".join(str(x) for x in setup)}
         if by_prompt:
             row["prompt"] = short_text(r["prompt"], 32)

@@ -18,6 +18,13 @@ def _quotes(pieces: Sequence[str]) -> str:
     return " ".join(_quote(p) for p in pieces) or "nothing"
 
 
+def drafter_name(view: LaneView, proposal: Proposal) -> str:
+    """The drafter as the lane header names it (its setting), not the class's internal name."""
+    if " drafter" in view.detail:
+        return view.detail.split(" drafter")[0].split(" (")[0]
+    return proposal.drafter
+
+
 def _narrate_speculative(view: LaneView) -> str:
     proposal, last, passes = None, None, 0
     for e in view.events:
@@ -25,6 +32,8 @@ def _narrate_speculative(view: LaneView) -> str:
             proposal, last = e, None
         elif isinstance(e, Verification):
             passes, last = passes + 1, e
+    if last is not None and proposal is not None and proposal.step != last.step:
+        proposal = None  # this step drafted nothing (e.g. one token left): the last Proposal was the step before's
     of = f" of {view.total_steps}" if view.total_steps else ""
     if proposal is None and last is None:
         return "No step yet: the target reads the prompt (prefill), then the drafter proposes."
@@ -34,8 +43,8 @@ def _narrate_speculative(view: LaneView) -> str:
     if last is None:  # drafted, not yet checked
         if not drafts:
             return f"Step {passes + 1}{of}: the drafter found nothing to propose; the target makes one token alone."
-        return (f"Step {passes + 1}{of}: the {html.escape(proposal.drafter)} drafter proposed {_quotes(drafts)}; "
-                f"the target will check all {len(drafts)} in <b>one</b> pass.")
+        return (f"Step {passes + 1}{of}: the {html.escape(drafter_name(view, proposal))} drafter proposed "
+                f"{_quotes(drafts)}; the target will check all {len(drafts)} in <b>one</b> pass.")
     said = [f"the drafter proposed {_quotes(drafts)}; the target checked them in one pass"] if drafts else []
     kept = [c for c in last.checks if c.accepted and c.position < len(last.emitted)]
     sure = [view.piece(c.token) for c in kept if c.accept_prob >= 1]
@@ -44,6 +53,8 @@ def _narrate_speculative(view: LaneView) -> str:
     said += [f"{_quote(view.piece(c.token))} kept: p/q = {c.accept_prob:.2f} and the coin said yes"
              for c in kept if c.accept_prob < 1]
     said += [f"{_quote(view.piece(c.token))} <b>rejected</b>: p/q = {c.accept_prob:.2f} and the coin said no"
+             if c.accept_prob > 0 else  # min(1, p/q) = 0: no coin is drawn (speculative.verify_drafts)
+             f"{_quote(view.piece(c.token))} <b>rejected</b> without a coin: p = 0 (the target never picks it)"
              for c in last.checks if not c.accepted]
     rejection = any(not c.accepted for c in last.checks)
     if len(drafts) > len(last.checks):
@@ -84,14 +95,22 @@ def _narrate_autoregressive(view: LaneView) -> str:
     return f"Token {e.step + 1}: {_quote(view.piece(e.token))} (p = {e.p:.2f}), one target pass for one token."
 
 
+def _sentence(note: str) -> str:
+    """A lane's note as a sentence (capitalised, with a full stop), escaped."""
+    note = note.strip()
+    return html.escape(note[:1].upper() + note[1:] + ("" if note.endswith((".", "…")) else "."))
+
+
 def narration_html(views: Sequence[LaneView]) -> str:
     """A plain-language account of each lane's latest step (the replay's narration)."""
     narrate = {"autoregressive": _narrate_autoregressive, "speculative": _narrate_speculative,
                "diffusion": _narrate_diffusion}
     items = []
     for view in views:
-        if view.progress is not None or view.status == "waiting" and not view.events:
+        if view.progress is not None:
             text = "Decoding alone, timed; it plays on the shared clock once every lane is decoded."
+        elif view.status == "waiting" and not view.events:
+            text = _sentence(view.note) if view.note else "Waiting: press Run to start this lane."
         elif view.status == "error":
             text = html.escape(view.note or "this lane failed")
         else:

@@ -18,8 +18,19 @@ def read_text(name: str) -> str:
 # ----------------------------------------------------------------------------------------------
 # page behaviour (JS) and page-wide style
 
+# Run: at widths <= 1280 the sidebar closes (the lanes get the width); until the server's first frame every lane
+# says why it waits (the preset may still be loading, or another run holds the decode slot)
 SCROLL_JS = """() => { window.explorerStopUntil = 0; const el = document.querySelector('#lanes');
-  if (el) el.scrollIntoView({behavior: 'smooth', block: 'start'}); }"""
+  if (window.innerWidth <= 1280) { const b = document.querySelector('.sidebar.open .toggle-button, '
+    + '.sidebar.open button'); if (b) b.click(); }
+  if (el) { el.querySelectorAll('.lane').forEach((lane) => {
+      let note = lane.querySelector('.note');
+      if (!note) { note = document.createElement('div'); note.className = 'note';
+        lane.querySelector('.lane-head').after(note); }
+      note.textContent = 'queued: starting (the preset may still be loading, or another run is decoding) …'; });
+    // presenter mode: the prompt row (Run, Stop) stays on screen with the lanes under it
+    const top = document.body.classList.contains('presenter') ? document.querySelector('#prompt-row') : el;
+    (top || el).scrollIntoView({behavior: 'smooth', block: 'start'}); } }"""
 # Stop / Pause: a cancelled handler sends no last frame (and a frame already on its way may still land), so
 # for a moment after the click every lane still marked as moving is settled as stopped, after each update too.
 SETTLE_JS = """() => {

@@ -191,12 +191,15 @@ def frame_html(views: dict[str, render.LaneView], caption: str = "", below: str 
                              narration.narration_html(list(views.values())), below)
 
 
-def initial_frame(methods: tuple[str, ...] = METHODS, settings: Settings | None = None) -> str:
-    """The lanes before any run: everything waiting, the diffusion canvas fully masked."""
+def initial_frame(methods: tuple[str, ...] = METHODS, settings: Settings | None = None, caption: str = "",
+                  note: str = "") -> str:
+    """The lanes before any run (or before a run's models are ready: ``note`` says why they wait): everything
+    waiting, the diffusion canvas fully masked."""
     settings = settings or preset_settings()
-    views = {m: lane_view(m, "", str, settings.options(m), "waiting") for m in methods}
-    return frame_html(views, "Press Run: all lanes decode at once, every draft/verify and refinement step shown as it "
-                  "happens (a timed Playback decodes each lane alone, then replays them on one shared clock).")
+    views = {m: lane_view(m, "", str, settings.options(m), "waiting", note=note) for m in methods}
+    return frame_html(views, caption or "Press Run: all lanes decode at once, every draft/verify and refinement step "
+                      "shown as it happens (a timed Playback decodes each lane alone, then replays them on one shared "
+                      "clock).")
 
 
 def replay_frame(current: dict[str, Any] | None, at_ms: float, playing: bool = False, caption: str = "") -> str:
@@ -204,12 +207,13 @@ def replay_frame(current: dict[str, Any] | None, at_ms: float, playing: bool = F
     finished by then is "running" while playing and "stopped" on a still frame."""
     if not current:
         return initial_frame()
-    views = {m: render.trace_view(t, current["pieces"][m], at_ms / 1e3, unfinished="running" if playing else "stopped")
-             for m, t in current["traces"].items()}
-    views |= {m: lane_view(m, "", str, {"max_new_tokens": 1}, "error", note=note)
-              for m, note in current.get("errors", {}).items()}
+    traces, errors = current["traces"], current.get("errors", {})
+    views = {m: render.trace_view(traces[m], current["pieces"][m], at_ms / 1e3,
+                                  unfinished="running" if playing else "stopped") if m in traces else
+             lane_view(m, "", str, {"max_new_tokens": 1}, "error", note=errors[m])
+             for m in METHODS if m in traces or m in errors}  # the lanes' order, whichever finished first
     end_s = max(t.stats["wall_s"] for t in current["traces"].values())
-    below = live_plots.live_plots_html([views[m] for m in current["traces"]],
+    below = live_plots.live_plots_html([v for m, v in views.items() if m in traces],
                                    {m: t.t0 for m, t in current["traces"].items()}, end_s)
     return frame_html(views, caption or f"Race replay at t = {at_ms:.1f} ms on one shared clock (true relative speed).",
                   below)

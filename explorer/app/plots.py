@@ -18,6 +18,7 @@ from explorer.measure.metrics import inter_token_latencies, percentile, predicte
 
 METHOD_COLOURS = {"autoregressive": "#6b7280", "speculative": "#16a34a", "diffusion": "#0891b2"}
 PERCENTILE_COLOURS = {50: "#60a5fa", 95: "#f59e0b", 99: "#dc2626"}
+RUN_COLOURS = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4b5563", "#ca8a04")
 HEIGHT = 380
 # what each figure shows before any run (its empty state says what will appear)
 EMPTY = {
@@ -51,20 +52,20 @@ def setup_caption(traces: Iterable[Trace], names: Mapping[str, str] | None = Non
     return f"{line1}<br>{models}" if models else line1
 
 
-def _style_figure(fig: go.Figure, title: str, caption: str, **kwargs: object) -> go.Figure:
+def style_figure(fig: go.Figure, title: str, caption: str, **kwargs: object) -> go.Figure:
     fig.update_layout(title={"text": title, "subtitle": {"text": caption, "font": {"size": 11}}, "x": 0.01},
                       template="plotly_white", height=HEIGHT, margin={"l": 60, "r": 20, "t": 90, "b": 95},
                       paper_bgcolor="white", legend={"orientation": "h", "y": -0.22, "yanchor": "top"}, **kwargs)
     return fig
 
 
-def _empty(title: str, caption: str, message: str) -> go.Figure:
+def empty_figure(title: str, caption: str, message: str) -> go.Figure:
     fig = go.Figure()
     fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
                        font={"size": 13, "color": "#6b7280"})
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
-    return _style_figure(fig, title, caption)
+    return style_figure(fig, title, caption)
 
 
 def _of(traces: Iterable[Trace], method: str) -> list[Trace]:
@@ -72,30 +73,38 @@ def _of(traces: Iterable[Trace], method: str) -> list[Trace]:
 
 
 def _run_label(i: int, trace: Trace) -> str:
-    cfg = trace.config
-    return f"run {i + 1}: {cfg.get('drafter')}, γ={cfg.get('gamma')}, T={cfg.get('temperature')}"
+    cfg, prompt = trace.config, " ".join(trace.prompt.split())
+    prompt = f"“{prompt[:18]}…”" if len(prompt) > 18 else f"“{prompt}”"
+    return f"{i + 1}: {prompt} {cfg.get('drafter')} γ={cfg.get('gamma')}, T={cfg.get('temperature'):g}"
 
 
 # ----------------------------------------------------------------------------------------------
 # speculative
 
 def running_acceptance_figure(traces: Sequence[Trace], names: Mapping[str, str] | None = None,
-                              last: int = 5) -> go.Figure:
-    """Cumulative acceptance rate (accepted / proposed) after each verify step, last few runs."""
-    title, spec = "Running acceptance rate over verify steps", _of(traces, "speculative")[-last:]
+                              last: int = 5, labelled: Sequence[tuple[str, Trace]] | None = None) -> go.Figure:
+    """Cumulative acceptance rate (accepted / proposed) after each verify step, last few runs; ``labelled``
+    gives each run's own label (the page's run history: prompt, drafter, γ, T, playback)."""
+    title = "Running acceptance rate over verify steps"
+    if labelled is None:
+        labelled = [(_run_label(i, t), t) for i, t in enumerate(_of(traces, "speculative"))]
+    labelled = list(labelled)[-last:]
+    spec = [t for _, t in labelled]
     caption = setup_caption(spec, names)
     if not spec:
-        return _empty(title, caption, EMPTY["running_acceptance"])
+        return empty_figure(title, caption, EMPTY["running_acceptance"])
     fig = go.Figure()
-    for i, trace in enumerate(spec):
+    for i, (label, trace) in enumerate(labelled):
         frame = verification_frame(trace)
         if frame.empty:
             continue
-        fig.add_scatter(x=frame["step"] + 1, y=frame["running_acceptance"], mode="lines+markers",
-                        name=_run_label(i, trace), opacity=1.0 if i == len(spec) - 1 else 0.45)
+        fig.add_scatter(x=frame["step"] + 1, y=frame["running_acceptance"], mode="lines+markers", name=label,
+                        line={"color": RUN_COLOURS[i % len(RUN_COLOURS)]},
+                        opacity=1.0 if i == len(labelled) - 1 else 0.55)
+    fig.update_layout(height=HEIGHT + 22 * len(labelled), margin={"b": 70 + 22 * len(labelled)})
     fig.update_yaxes(range=[0, 1.05], title="accepted / proposed", tickformat=".0%")
     fig.update_xaxes(title="verify step (one target pass each)")
-    return _style_figure(fig, title, caption)
+    return style_figure(fig, title, caption)
 
 
 def _position_counts(traces: Sequence[Trace]) -> tuple[np.ndarray, np.ndarray]:
@@ -117,7 +126,7 @@ def position_acceptance_figure(traces: Sequence[Trace], names: Mapping[str, str]
     caption = setup_caption(spec, names)
     checked, accepted = _position_counts(spec)
     if not checked.size:
-        return _empty(title, caption, EMPTY["position_acceptance"])
+        return empty_figure(title, caption, EMPTY["position_acceptance"])
     positions = np.arange(1, checked.size + 1)
     rate = np.divide(accepted, checked, out=np.zeros(checked.size), where=checked > 0)
     fig = go.Figure(go.Bar(x=positions, y=rate, marker_color=METHOD_COLOURS["speculative"],
@@ -125,7 +134,7 @@ def position_acceptance_figure(traces: Sequence[Trace], names: Mapping[str, str]
                            hovertemplate="position %{x}<br>accepted %{y:.0%} (%{text})<extra></extra>"))
     fig.update_yaxes(range=[0, 1.15], title="accepted / checked", tickformat=".0%")
     fig.update_xaxes(title="draft position (position 1 estimates Leviathan's α)", dtick=1)
-    return _style_figure(fig, title, caption)
+    return style_figure(fig, title, caption)
 
 
 def accepted_histogram_figure(traces: Sequence[Trace], names: Mapping[str, str] | None = None) -> go.Figure:
@@ -134,13 +143,13 @@ def accepted_histogram_figure(traces: Sequence[Trace], names: Mapping[str, str] 
     caption = setup_caption(spec, names)
     counts = [e.accepted for t in spec for e in t.events if isinstance(e, Verification)]
     if not counts:
-        return _empty(title, caption, EMPTY["accepted_histogram"])
+        return empty_figure(title, caption, EMPTY["accepted_histogram"])
     values, freq = np.unique(counts, return_counts=True)
     fig = go.Figure(go.Bar(x=values, y=freq, marker_color=METHOD_COLOURS["speculative"],
                            hovertemplate="%{x} accepted: %{y} steps<extra></extra>"))
     fig.update_xaxes(title="drafts accepted in the step (tokens emitted = accepted + 1)", dtick=1)
     fig.update_yaxes(title="verify steps")
-    return _style_figure(fig, title, caption)
+    return style_figure(fig, title, caption)
 
 
 def cost_ratio(trace: Trace) -> float:
@@ -165,12 +174,14 @@ def measured_speedup(spec: Trace, reference: Trace) -> float:
 
 
 def break_even_figure(spec: Trace | None, reference: Trace | None = None,
-                      names: Mapping[str, str] | None = None, gammas: Sequence[int] = (1, 2, 4, 8)) -> go.Figure:
-    """Predicted speedup (1 - a^(g+1)) / ((1 - a)(g c + 1)) against α, with the measured point."""
+                      names: Mapping[str, str] | None = None, gammas: Sequence[int] = (1, 2, 4, 8),
+                      earlier: Sequence[tuple[str, Trace, Trace]] = ()) -> go.Figure:
+    """Predicted speedup (1 - a^(g+1)) / ((1 - a)(g c + 1)) against α, with the measured point; ``earlier``
+    (label, speculative, autoregressive) adds the page's earlier runs' measured points."""
     title = "Break-even: predicted speedup vs acceptance α"
     caption = setup_caption([t for t in (spec, reference) if t is not None], names)
     if spec is None:
-        return _empty(title, caption, EMPTY["break_even"])
+        return empty_figure(title, caption, EMPTY["break_even"])
     gamma, c = int(spec.stats["gamma"]), cost_ratio(spec)
     alphas = np.linspace(0, 0.995, 200)
     fig = go.Figure()
@@ -186,9 +197,16 @@ def break_even_figure(spec: Trace | None, reference: Trace | None = None,
     if reference is not None and np.isfinite(alpha):
         fig.add_scatter(x=[alpha], y=[measured_speedup(spec, reference)], mode="markers", name="measured vs AR lane",
                         marker={"size": 13, "symbol": "star", "color": "#dc2626"})
+    for i, (label, other, other_reference) in enumerate(earlier):
+        a = alpha_estimate(other)
+        if np.isfinite(a):
+            fig.add_scatter(x=[a], y=[measured_speedup(other, other_reference)], mode="markers", name=label,
+                            marker={"size": 10, "symbol": "star-open", "color": RUN_COLOURS[i % len(RUN_COLOURS)]})
+    if earlier:
+        fig.update_layout(height=HEIGHT + 22 * len(earlier), margin={"b": 95 + 22 * len(earlier)})
     fig.update_xaxes(title="α = E[min(1, p/q)] (α̂: mean over verified drafts)", range=[0, 1])
     fig.update_yaxes(title="speedup over autoregressive", rangemode="tozero")
-    return _style_figure(fig, f"Break-even (γ = {gamma}, measured cost ratio c = {c:.2f})", caption)
+    return style_figure(fig, f"Break-even (γ = {gamma}, measured cost ratio c = {c:.2f})", caption)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -202,21 +220,38 @@ def _latency_samples(trace: Trace) -> dict[str, list[float]]:
             "request latency": [trace.stats["wall_s"] * 1e3]}
 
 
-def _pooled_by_method(traces: Sequence[Trace]) -> dict[str, dict[str, list[float]]]:
+def setup_of(trace: Trace) -> str:
+    """A lane's setup in words: what must match for two traces' latencies to be pooled."""
+    cfg = trace.config
+    bits = [f"T={cfg.get('temperature'):g}", f"N={cfg.get('max_new_tokens')}", str(trace.stats.get("dtype"))]
+    if trace.method == "speculative":
+        bits[:0] = [str(cfg.get("drafter")), f"γ={cfg.get('gamma')}"]
+    if trace.method == "diffusion":
+        bits[:0] = [f"K={cfg.get('steps')}", f"block {cfg.get('block_length')}"]
+    return " · ".join(bits)
+
+
+def _pooled_by_setup(traces: Sequence[Trace]) -> dict[str, dict[str, list[float]]]:
+    """Latency samples per setup, never pooled across settings: a method with one setup is named by the method
+    alone, else each setup by the method and its settings."""
+    setups: dict[str, set[str]] = {}
+    for trace in traces:
+        setups.setdefault(trace.method, set()).add(setup_of(trace))
     pooled: dict[str, dict[str, list[float]]] = {}
     for trace in traces:
-        samples = pooled.setdefault(trace.method, {"TTFT": [], "inter-token latency": [], "request latency": []})
+        label = trace.method if len(setups[trace.method]) == 1 else f"{trace.method[:4]} · {setup_of(trace)}"
+        samples = pooled.setdefault(label, {"TTFT": [], "inter-token latency": [], "request latency": []})
         for key, values in _latency_samples(trace).items():
             samples[key] += values
     return pooled
 
 
 def latency_percentiles_figure(traces: Sequence[Trace], names: Mapping[str, str] | None = None) -> go.Figure:
-    """TTFT, inter-token latency and request latency as p50 / p95 / p99 per method."""
-    title, caption = "Latency percentiles per method (ms)", setup_caption(traces, names)
+    """TTFT, inter-token latency and request latency as p50 / p95 / p99 per method and setup."""
+    title, caption = "Latency percentiles per setup (ms; never pooled across settings)", setup_caption(traces, names)
     if not traces:
-        return _empty(title, caption, EMPTY["latency_percentiles"])
-    pooled = _pooled_by_method(traces)
+        return empty_figure(title, caption, EMPTY["latency_percentiles"])
+    pooled = _pooled_by_setup(traces)
     metrics = ["TTFT", "inter-token latency", "request latency"]
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.08)
     for q in (50, 95, 99):
@@ -228,27 +263,28 @@ def latency_percentiles_figure(traces: Sequence[Trace], names: Mapping[str, str]
         fig.update_xaxes(title_text=metric, row=1, col=col)
     fig.update_layout(barmode="group")
     fig.update_yaxes(title_text="ms", row=1, col=1)
-    return _style_figure(fig, title, caption)
+    return style_figure(fig, title, caption)
 
 
 def latency_cdf_figure(traces: Sequence[Trace], names: Mapping[str, str] | None = None) -> go.Figure:
     """Empirical CDFs over the session's runs: request latency and every inter-token gap."""
     title, caption = "Latency CDF over this session's runs", setup_caption(traces, names)
     if not traces:
-        return _empty(title, caption, EMPTY["latency_cdf"])
-    pooled = _pooled_by_method(traces)
+        return empty_figure(title, caption, EMPTY["latency_cdf"])
+    pooled = _pooled_by_setup(traces)
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1)
     for col, metric in enumerate(["request latency", "inter-token latency"], start=1):
-        for method, samples in pooled.items():
+        for i, (setup, samples) in enumerate(pooled.items()):
             values = np.sort(samples[metric])
             if not values.size:
                 continue
+            colour = METHOD_COLOURS.get(setup) or RUN_COLOURS[i % len(RUN_COLOURS)]
             fig.add_scatter(x=values, y=np.arange(1, values.size + 1) / values.size, mode="lines+markers",
-                            line={"shape": "hv", "color": METHOD_COLOURS.get(method)}, marker={"size": 4},
-                            name=method, legendgroup=method, showlegend=col == 1, row=1, col=col)
+                            line={"shape": "hv", "color": colour}, marker={"size": 4},
+                            name=setup, legendgroup=setup, showlegend=col == 1, row=1, col=col)
         fig.update_xaxes(title_text=f"{metric} (ms)", row=1, col=col)
     fig.update_yaxes(title_text="fraction ≤ x", range=[0, 1.02], row=1, col=1)
-    return _style_figure(fig, title, caption)
+    return style_figure(fig, title, caption)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -259,7 +295,7 @@ def diffusion_reveals_figure(traces: Sequence[Trace], names: Mapping[str, str] |
     title, runs = "Diffusion: tokens revealed per step", _of(traces, "diffusion")
     caption = setup_caption(runs[-1:], names)
     if not runs:
-        return _empty(title, caption, EMPTY["diffusion_reveals"])
+        return empty_figure(title, caption, EMPTY["diffusion_reveals"])
     steps = [e for e in runs[-1].events if isinstance(e, RefinementStep)]
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     fig.add_bar(x=[e.step + 1 for e in steps], y=[len(e.positions) for e in steps], name="revealed",
@@ -272,22 +308,26 @@ def diffusion_reveals_figure(traces: Sequence[Trace], names: Mapping[str, str] |
     fig.update_xaxes(title="refinement step (one denoiser pass each)")
     fig.update_yaxes(title_text="tokens revealed", secondary_y=False)
     fig.update_yaxes(title_text="masks left", rangemode="tozero", secondary_y=True)
-    return _style_figure(fig, title, caption)
+    return style_figure(fig, title, caption)
 
 
 FIGURE_KEYS = ("running_acceptance", "position_acceptance", "accepted_histogram", "break_even",
                "latency_percentiles", "latency_cdf", "diffusion_reveals")
 
 
-def all_figures(history: Sequence[Trace], current: Mapping[str, Trace],
-                names: Mapping[str, str] | None = None) -> dict[str, go.Figure]:
-    """Every figure the UI shows, keyed as FIGURE_KEYS: the current run's details, the session's latency."""
+def all_figures(history: Sequence[Trace], current: Mapping[str, Trace], names: Mapping[str, str] | None = None,
+                labelled: Sequence[tuple[str, Trace]] | None = None,
+                earlier: Sequence[tuple[str, Trace, Trace]] = ()) -> dict[str, go.Figure]:
+    """Every figure the UI shows, keyed as FIGURE_KEYS: the current run's details, the session's latency
+    (``labelled``: the running-acceptance plot's runs with their labels; ``earlier``: the page's earlier runs'
+    measured points on the break-even plot)."""
     latest = list(current.values())
     return {
-        "running_acceptance": running_acceptance_figure(history, names),
+        "running_acceptance": running_acceptance_figure(history, names, labelled=labelled),
         "position_acceptance": position_acceptance_figure(latest, names),
         "accepted_histogram": accepted_histogram_figure(latest, names),
-        "break_even": break_even_figure(current.get("speculative"), current.get("autoregressive"), names),
+        "break_even": break_even_figure(current.get("speculative"), current.get("autoregressive"), names,
+                                        earlier=earlier),
         "latency_percentiles": latency_percentiles_figure(history, names),
         "latency_cdf": latency_cdf_figure(history, names),
         "diffusion_reveals": diffusion_reveals_figure(latest, names),

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from explorer.app import byte_chips
 from explorer.app.tree_view import is_tree, tree_step_html
 from explorer.decoding.events import Event, Proposal, RefinementStep, TokenStep, Trace, Verification
 
@@ -37,8 +38,8 @@ MARKS = {
     "resampled": ("res", "↻", "resampled by the target after a rejection"),
     "bonus": ("bon", "★", "bonus token (every draft accepted)"),
     "mask": ("mask", "", "[MASK], not yet revealed"),
-    "new": ("new", "●", "revealed at this step"),
-    "revealed": ("old", "", "revealed earlier (shade = confidence)"),
+    "new": ("new", "●", "revealed at this step (green)"),
+    "revealed": ("old", "", "committed earlier (underline = confidence)"),
 }
 
 
@@ -227,7 +228,8 @@ def _diffusion_body(view: LaneView) -> str:
     canvas = diffusion_canvas(view.events, size)
     steps = [e for e in view.events if isinstance(e, RefinementStep)]
     last_step = steps[-1].step if steps else None
-    cells = []
+    joined = byte_chips.merged([view.piece(c[0]) if c else None for c in canvas], block)  # emoji: one chip
+    cells, inside = [], 0
     for pos, cell in enumerate(canvas):
         if pos % block == 0:
             if pos:
@@ -237,10 +239,18 @@ def _diffusion_body(view: LaneView) -> str:
         if cell is None:
             cells.append(f'<span class="tok mask" title="position {pos + 1}: [MASK]"></span>')
             continue
+        if pos < inside:
+            continue  # a byte of the character shown at the run's start
         tok, conf, step = cell
         state = "new" if step == last_step else "revealed"
         title = f"position {pos + 1} · revealed at step {step + 1} · confidence {conf:.3f}"
-        cells.append(_chip(view.piece(tok), state, title, style=f"--conf:{max(0.0, min(1.0, conf)):.3f}"))
+        piece = view.piece(tok)
+        if pos in joined:
+            inside, piece = joined[pos]
+            group = canvas[pos:inside]
+            state = "new" if any(c[2] == last_step for c in group) else "revealed"
+            title = f"positions {pos + 1}-{inside}: one character over {inside - pos} byte tokens"
+        cells.append(_chip(piece, state, title, style=f"--conf:{max(0.0, min(1.0, conf)):.3f}"))
     if canvas:
         cells.append("</div>")
     return f'<div class="canvas">{"".join(cells)}</div>'

@@ -16,8 +16,18 @@ import gradio as gr
 import pandas as pd
 
 from explorer.app import hosting, plots
-from explorer.app.handlers import HISTORY_LIMIT, RUN_OUTPUTS, RUN_TABLE_COLUMNS, acceptance_note, run_lanes, why_text
-from explorer.app.hosting import gpu
+from explorer.app.audit_tab import AUDIT_MAX_SAMPLES, run_audit_tab
+from explorer.app.handlers import (
+    HISTORY_LIMIT,
+    LONG_PROMPT_TOKENS,
+    RUN_OUTPUTS,
+    RUN_TABLE_COLUMNS,
+    RUN_TABLE_WIDTHS,
+    acceptance_note,
+    run_lanes,
+    show_run,
+    why_text,
+)
 from explorer.app.lane_settings import (
     BLOCKS,
     FLAG_FIELDS,
@@ -26,13 +36,13 @@ from explorer.app.lane_settings import (
     Settings,
     describe_preset,
     diffusion_plan,
-    load_preset,
     preset_settings,
 )
 from explorer.app.measure_tab import (
     MAX_PROMPT_FILE_BYTES,
     MAX_PROMPTS,
     MAX_REPEATS,
+    clear_measured,
     export_traces,
     measure,
     summary_table,
@@ -49,10 +59,11 @@ from explorer.app.page import (
     read_text,
 )
 from explorer.app.playback import LIVE, initial_frame, replay_at, replay_play, replay_step
-from explorer.decoding.config import CACHES, DRAFTERS, METHODS, REMASKING, validate_prompt
-from explorer.errors import ExplorerError
+from explorer.app.runs import HISTORY_COLUMNS, HISTORY_WIDTHS, RUNS_LIMIT, compare_figure
+from explorer.decoding.config import CACHES, DRAFTERS, METHODS, REMASKING
 from explorer.models import DEFAULT_PRESET
 
+MAX_PROMPT_CHARS = 20_000
 SPEEDS = [("live: all lanes decode at once, shown as they go (they share the CPU)", LIVE),
           ("timed: each lane alone, then all replayed, about 4 s", 0.0), ("timed, replayed in real time", 1.0),
           ("timed, replayed 2× slower", 2.0), ("timed, replayed 10× slower", 10.0),
@@ -105,12 +116,21 @@ class Controls:
     measure_figures: list[Any] = None
     export: Any = None
     files: Any = None
+    runs: Any = None  # gr.State: this page's runs (runs.py)
+    measured: Any = None  # gr.State: the measure tab's batches since Clear
+    measure_clear: Any = None
+    runs_table: Any = None
+    show_run: Any = None
+    compare: Any = None
+    compare_plot: Any = None
 
 
 def _build_prompt(c: Controls) -> None:
     with gr.Row(equal_height=False, elem_id="prompt-row"):
-        c.prompt = gr.Textbox(label="Prompt", lines=2, max_lines=12, max_length=20_000, elem_id="prompt",
-                              value=EXAMPLES[0][0], scale=5)
+        c.prompt = gr.Textbox(label="Prompt", lines=2, max_lines=12, max_length=MAX_PROMPT_CHARS, elem_id="prompt",
+                              value=EXAMPLES[0][0], scale=5,
+                              info=f"at most {MAX_PROMPT_CHARS:,} characters (longer text is cut there); a prompt over "
+                                   f"{LONG_PROMPT_TOKENS} tokens is warned about: its prefill delays the first token")
         with gr.Column(scale=1, min_width=150, elem_id="run-column"):
             c.run = gr.Button("▶ Run", variant="primary", elem_id="run")
             c.stop = gr.Button("■ Stop", variant="stop", elem_id="stop")
@@ -130,16 +150,18 @@ def _build_settings(c: Controls, default_preset: str) -> list[Any]:
                                "replays all of them on one clock at the pace chosen")
     gr.Markdown("**All lanes**")
     max_new = gr.Slider(8, 256, value=d.max_new_tokens, step=8, label="max new tokens (N)", elem_id="max-new")
-    temperature = gr.Slider(0, 2, value=d.temperature, step=0.05, label="temperature (0 = greedy)")
+    temperature = gr.Slider(0, 2, value=d.temperature, step=0.05, label="temperature (0 = greedy)",
+                            elem_id="temperature")
     top_p = gr.Slider(0.05, 1, value=d.top_p, step=0.05, label="top-p (1 = off)")
     seed = gr.Number(d.seed, precision=0, label="seed")
     gr.Markdown("**Speculative**")
     drafter = gr.Radio(list(DRAFTERS), value=d.drafter, label="drafter")
-    gamma = gr.Slider(1, 16, value=d.gamma, step=1, label="γ (drafts per step)")
+    gamma = gr.Slider(1, 16, value=d.gamma, step=1, label="γ (drafts per step)", elem_id="gamma")
     adaptive = gr.Checkbox(d.adaptive_gamma, label="adaptive γ (+2 after a full acceptance, −1 after a rejection)")
     gr.Markdown("**Diffusion** (K and the block length follow N)")
     per_step = gr.Radio([(f"N/{r}" if r > 1 else "N (one token a pass)", r) for r in TOKENS_PER_STEP],
-                        value=d.tokens_per_step, label="steps K (tokens revealed per pass = N/K)")
+                        value=d.tokens_per_step, label="steps K (tokens revealed per pass = N/K)",
+                        elem_id="tokens-per-step")
     blocks = gr.Radio([(f"N/{b}" if b > 1 else "N (one block)", b) for b in BLOCKS], value=d.blocks,
                       label="block length (blocks are filled left to right)")
     remasking = gr.Radio(list(REMASKING), value=d.remasking, label="remasking")
@@ -184,7 +206,20 @@ def _build_lanes(c: Controls) -> None:
     with gr.Accordion("Why? Five questions a student asks", open=False, elem_id="why-panel"):
         c.why = gr.Markdown(why_text(), elem_id="why")
     c.run_table = gr.Dataframe(pd.DataFrame(columns=RUN_TABLE_COLUMNS), elem_id="run-table", interactive=False,
-                               label="This run, one row per lane (press Run to fill it)", wrap=True)
+                               label="This run, one row per lane (press Run to fill it)", wrap=True,
+                               column_widths=RUN_TABLE_WIDTHS)
+    with gr.Accordion(f"Run history: every run of this page (the last {RUNS_LIMIT}), to compare", open=True,
+                      elem_id="history-panel"):
+        c.runs_table = gr.Dataframe(pd.DataFrame(columns=HISTORY_COLUMNS), elem_id="run-history", interactive=False,
+                                    wrap=True, column_widths=HISTORY_WIDTHS,
+                                    label="Runs, newest first (speedups: median and range once several runs share "
+                                          "a setup)")
+        with gr.Row():
+            c.show_run = gr.Dropdown([], label="Show an earlier run's lanes (no model runs)", elem_id="show-run")
+            c.compare = gr.Dropdown([], multiselect=True, label="Compare runs: acceptance side by side",
+                                    elem_id="compare-runs")
+        c.compare_plot = gr.Plot(compare_figure([], []), label="compare runs", elem_id="plot-compare",
+                                 elem_classes=["explorer-plot"])
 
 
 def _build_plots(c: Controls) -> None:
@@ -212,12 +247,16 @@ def _build_measure(c: Controls) -> None:
                 "grouped by preset, method, drafter, γ, temperature and diffusion schedule, never pooled across "
                 "them; every number has its 95% bootstrap interval in brackets.")
     with gr.Row():
-        c.repeats = gr.Slider(1, MAX_REPEATS, value=5, step=1, label="R (repeats per prompt and lane)")
+        c.repeats = gr.Slider(1, MAX_REPEATS, value=5, step=1, label="R (repeats per prompt and lane)",
+                              elem_id="measure-repeats")
         c.measure_prompt = gr.Button("Run this prompt R times", elem_id="measure-prompt")
     with gr.Row():
         c.prompt_file = gr.File(label="Prompt file (.txt / .jsonl)", file_types=[".txt", ".jsonl"], type="filepath")
         c.measure_file = gr.Button("Run the workload", elem_id="measure-file")
-    c.measure_status = gr.Markdown("Nothing measured yet: the tables fill after a measurement.")
+    with gr.Row():
+        c.measure_status = gr.Markdown("Nothing measured yet: the tables fill after a measurement and keep every "
+                                       "batch (γ 2, then γ 4, ...) until Clear.", elem_id="measure-status")
+        c.measure_clear = gr.Button("Clear the tables", size="sm", scale=0, elem_id="measure-clear")
     c.summary = gr.Dataframe(summary_table(pd.DataFrame()), label="Per setup (never pooled)", interactive=False,
                              wrap=True, elem_id="summary")
     c.per_prompt = gr.Dataframe(summary_table(pd.DataFrame(), by_prompt=True), label="Per prompt", interactive=False,
@@ -233,36 +272,19 @@ def _build_measure(c: Controls) -> None:
                 "the status line says so), one CSV row each with its prompt and every setting.")
 
 
-AUDIT_MAX_SAMPLES = 2000  # one audit request holds the decode slot: bounded
-
-
 def _build_audit(c: Controls) -> None:
     gr.Markdown("Samples the speculative decoder's first tokens on the prompt above and tests them against the "
                 "target's exact distribution (enumerated from p), with the power to see the known sampler bugs "
                 "*here*: the same verdict as `python -m explorer audit` (PASS / FAIL / INCONCLUSIVE). "
                 f"At most {AUDIT_MAX_SAMPLES} samples per request.")
     with gr.Row():
-        c.audit_temperature = gr.Slider(0.1, 2, value=1.0, step=0.05, label="temperature")
+        c.audit_temperature = gr.Slider(0, 2, value=1.0, step=0.05, label="temperature",
+                                        info="0 = greedy: no known bug changes a greedy output, so the audit "
+                                             "there is vacuous (never PASS)", elem_id="audit-temperature")
         c.audit_top_k = gr.Slider(1, 64, value=8, step=1, label="top-k (makes the first token enumerable)")
         c.audit_gamma = gr.Slider(1, 8, value=3, step=1, label="γ")
     c.audit_run = gr.Button("Run the audit", elem_id="audit-run")
     c.audit_out = gr.Markdown("No audit yet.", elem_id="audit-out")
-
-
-@gpu(hosting.run_duration)
-def run_audit_tab(prompt: str, preset: str, temperature: float, top_k: int, gamma: int) -> str:
-    """The audit of the current prompt and preset, in words (``audit.report_lines``)."""
-    from explorer.measure.audit import report_lines, run_audit
-
-    try:
-        validate_prompt(prompt)
-        models = load_preset(preset)
-        result = run_audit(models, prompt, temperature=float(temperature), top_k=int(top_k), gamma=int(gamma),
-                           max_samples=AUDIT_MAX_SAMPLES)
-    except ExplorerError as exc:
-        raise gr.Error(str(exc), print_exception=False) from None
-    lines = report_lines(result)
-    return f"### {result.status}\n\n```\n" + "\n".join(lines) + "\n```"
 
 
 def build_demo(default_preset: str = DEFAULT_PRESET) -> gr.Blocks:
@@ -271,7 +293,7 @@ def build_demo(default_preset: str = DEFAULT_PRESET) -> gr.Blocks:
     with gr.Blocks(title="Decoding explorer", fill_width=True) as demo:
         gr.HTML(f"<style>{PAGE_CSS}</style>", apply_default_css=False, padding=False, elem_id="page-style")
         gr.Markdown(read_text("intro.md"), elem_id="intro")
-        c.history, c.current = gr.State([]), gr.State(None)
+        c.history, c.current, c.runs, c.measured = gr.State([]), gr.State(None), gr.State([]), gr.State([])
         with gr.Sidebar(label="Settings", width=330, elem_id="sidebar") as c.sidebar:
             c.settings = _build_settings(c, default_preset)
         _build_prompt(c)
@@ -319,19 +341,23 @@ def _wire(c: Controls, demo: gr.Blocks) -> None:
     outputs = {"frame": c.frame, "run_table": c.run_table, "result": c.result, "model_info": c.model_info,
                **dict(zip(plots.FIGURE_KEYS, c.figures, strict=True)), "plots_note": c.plots_note,
                "acceptance_note": c.acceptance_note, "why": c.why, "history": c.history, "current": c.current,
-               "scrubber": c.scrubber}
+               "scrubber": c.scrubber, "runs": c.runs, "runs_table": c.runs_table, "show_run": c.show_run,
+               "compare": c.compare, "compare_plot": c.compare_plot}
     c.run.click(None, js=SCROLL_JS)
-    run = c.run.click(with_settings(run_lanes, 3), [c.prompt, c.preset, c.lanes, *c.settings, c.speed, c.history],
+    run_inputs = [c.prompt, c.preset, c.lanes, *c.settings, c.speed, c.history, c.runs]
+    run = c.run.click(with_settings(run_lanes, 3), run_inputs,
                       [outputs[name] for name in RUN_OUTPUTS], api_name="run", show_progress="hidden",
                       **decode_slot)
-    batch_inputs = [c.prompt, c.prompt_file, c.repeats, c.preset, c.lanes, *c.settings, c.history]
+    batch_inputs = [c.prompt, c.prompt_file, c.repeats, c.preset, c.lanes, *c.settings, c.history, c.measured]
     batch_outputs = [c.measure_status, c.summary, c.per_prompt, *c.measure_figures, c.history,
-                     outputs["latency_percentiles"], outputs["latency_cdf"]]
+                     outputs["latency_percentiles"], outputs["latency_cdf"], c.measured]
     batch = {"outputs": batch_outputs, "show_progress_on": c.measure_status, **decode_slot}
     by_prompt = c.measure_prompt.click(with_settings(measure, 6), [gr.State("prompt"), *batch_inputs],
                                        api_name="measure", **batch)
     by_file = c.measure_file.click(with_settings(measure, 6), [gr.State("file"), *batch_inputs],
                                    api_name="workload", **batch)
+    c.measure_clear.click(clear_measured, None, [c.measure_status, c.summary, c.per_prompt, c.measured],
+                          api_visibility="undocumented", queue=False)
     c.audit_run.click(run_audit_tab, [c.prompt, c.preset, c.audit_temperature, c.audit_top_k, c.audit_gamma],
                       c.audit_out, api_name="audit", show_progress_on=c.audit_out, **decode_slot)
     play = c.play.click(replay_play, [c.current, c.scrubber, c.speed], [c.frame, c.scrubber],
@@ -344,6 +370,10 @@ def _wire(c: Controls, demo: gr.Blocks) -> None:
     scrub = {"outputs": c.frame, "api_visibility": "undocumented", "show_progress": "hidden"}
     c.scrubber.release(replay_at, [c.current, c.scrubber], **scrub)
     c.scrubber.input(replay_at, [c.current, c.scrubber], trigger_mode="always_last", **scrub)
+    c.show_run.input(show_run, [c.runs, c.show_run], [c.frame, c.current, c.run_table, c.scrubber], cancels=[play],
+                     api_visibility="undocumented", show_progress="hidden")
+    c.compare.input(compare_figure, [c.runs, c.compare], c.compare_plot, api_visibility="undocumented",
+                    show_progress="hidden")
     c.export.click(export_traces, c.history, c.files, api_name="export", api_visibility="undocumented")
     c.presenter.change(lambda on: gr.Sidebar(open=not on), c.presenter, c.sidebar, js=PRESENTER_JS,
                        api_visibility="undocumented", queue=False)

@@ -22,8 +22,10 @@ Samples one prompt many times with the autoregressive and the speculative decode
   (non-central chi-square), and the samples needed for ``POWER``. The smallest TV detected with
   probability ``POWER`` whatever its shape is sqrt(lambda* / n) / 2 (chi-square w >= 2 TV).
 * **Verdict.** FAIL when a test rejects at alpha / m (Bonferroni over the m tests); otherwise PASS only
-  if every known bug that moves the compared outcomes by TV >= ``TV_FLOOR`` would have been detected
-  with probability >= ``POWER``; otherwise INCONCLUSIVE with the sample count that would suffice.
+  if at least one known bug moves the compared outcomes by TV >= ``TV_FLOOR`` and every such bug would
+  have been detected with probability >= ``POWER``; otherwise INCONCLUSIVE: with the sample count that
+  would suffice, or "vacuous at these settings" when no known bug changes the output here (greedy
+  decoding: a PASS would have tested nothing).
   ``until_detectable`` raises the sample count to that number (up to ``max_samples``) before sampling,
   so the sample size never depends on the data.
 
@@ -108,6 +110,13 @@ def report_lines(result: AuditResult) -> list[str]:
     lines += [f"note: {note}" for note in result.notes]
     lines.append(result.verdict)
     return lines
+
+
+def headline(result: AuditResult) -> str:
+    """The verdict's first words: the status, and why when a PASS would have tested nothing."""
+    if "vacuous" in result.verdict:
+        return result.verdict.split(")")[0] + ")"
+    return result.status
 
 
 # ------------------------------------------------------------------------------ the audit
@@ -212,7 +221,7 @@ def run_audit(models: Models, prompt: str, samples: int | None = None, prefix_to
         if progress:
             progress(i + 1, samples)
     return _judge(plan, ar, spec, samples, prefix_tokens, alpha, accepted / proposed if proposed else float("nan"),
-                  notes)
+                  notes, greedy=not temperature)
 
 
 def _outcomes(seqs: list[tuple], e: Exact, two: bool) -> np.ndarray:
@@ -226,7 +235,7 @@ def _outcomes(seqs: list[tuple], e: Exact, two: bool) -> np.ndarray:
 
 
 def _judge(plan: _Plan, ar: list[tuple], spec: list[tuple], n: int, prefix_tokens: int, alpha: float,
-           acceptance: float, notes: list[str]) -> AuditResult:
+           acceptance: float, notes: list[str], greedy: bool = False) -> AuditResult:
     e, level = plan.exact, alpha / plan.m
     tests = []
     exact_p = {}
@@ -260,6 +269,12 @@ def _judge(plan: _Plan, ar: list[tuple], spec: list[tuple], n: int, prefix_token
         verdict = ("FAIL: the sampled distribution differs from the target's: " + "; ".join(
             f"{t['name']} p = {t['p_value']:.2g}" for t in failed) + f" (each test at {level:.2g}). "
             "Speculative sampling is not lossless here.")
+    elif not counted:  # nothing here would have caught any known bug: a PASS would be vacuous
+        status = "INCONCLUSIVE"
+        verdict = "INCONCLUSIVE: vacuous at these settings " + (
+            "(greedy: no known bug changes the output; try T > 0)." if greedy else
+            f"(no known bug moves the compared tokens by TV >= {TV_FLOOR} here; try a higher temperature, a "
+            "larger top-k or another prompt).") + f" No test rejects at {level:.2g}.{blind_text}"
     elif weak:
         status = "INCONCLUSIVE"
         more = f"about {need} samples would suffice" if need else f"more than {MAX_SAMPLES} samples would be needed"

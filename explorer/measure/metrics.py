@@ -31,6 +31,7 @@ def request_row(trace: Trace, **extra: object) -> dict[str, object]:
     itl = inter_token_latencies(trace)
     settings = {k: v for k, v in trace.config.items() if k not in ("method", "preset") and _scalar(v)}
     return {
+        "batch": s.get("batch"),  # "run 3" (the page's Run) or "measure 2" (a Measure batch); None elsewhere
         "prompt": trace.prompt,
         "method": trace.method,
         "preset": s["preset"],
@@ -52,6 +53,7 @@ def request_row(trace: Trace, **extra: object) -> dict[str, object]:
         "dtype": s["dtype"],
         "batch_size": s["batch_size"],
         **{k: v for k, v in settings.items() if k not in ("drafter", "gamma", "steps", "temperature")},
+        "text": trace.text,
         **extra,
     }
 
@@ -61,7 +63,15 @@ def _scalar(v: object) -> bool:
 
 
 def requests_frame(traces: Iterable[Trace]) -> pd.DataFrame:
-    return pd.DataFrame([request_row(t) for t in traces])
+    """One row per request; a column whose values are all integers (or missing) stays integer (γ 2, not 2.0,
+    also in the CSV), missing values empty."""
+    rows = [request_row(t) for t in traces]
+    frame = pd.DataFrame(rows)
+    for col in frame.columns:
+        values = [r.get(col) for r in rows if r.get(col) is not None]
+        if values and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            frame[col] = frame[col].astype("Int64")
+    return frame
 
 
 def summarize(frame: pd.DataFrame, by: str | list[str] = "method") -> pd.DataFrame:
@@ -148,7 +158,8 @@ def ratio_ci(numerator: Iterable[float], denominator: Iterable[float], resamples
 
 
 def _group_label(key: tuple, keys: Sequence[str]) -> dict[str, object]:
-    return {k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in zip(keys, key, strict=True)}
+    return {k: (None if v is pd.NA or isinstance(v, float) and np.isnan(v) else v)
+            for k, v in zip(keys, key, strict=True)}
 
 
 def _reference_key(row: dict[str, object]) -> tuple:

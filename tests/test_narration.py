@@ -1,0 +1,77 @@
+"""narration.py: the exact sentence for each case a browser review found wrong (issue 23)."""
+
+import re
+
+from explorer.app import narration, playback, render
+from explorer.decoding.events import DraftCheck, Proposal, Verification
+
+PIECES = {1: "a", 2: " b", 7: "z"}
+B = '<code><span class="ws">·</span>b</code>'
+
+
+def piece(token_id: int) -> str:
+    return PIECES[token_id]
+
+
+def said(views, method="speculative") -> str:
+    """The narration of one lane, without its title."""
+    html = narration.narration_html(views)
+    return re.search(rf'data-lane="{method}"><b>[^<]*</b> (.*?)</p>', html).group(1)
+
+
+def verification(step, checks, accepted, emitted, resampled=None, bonus=None):
+    return Verification(1.0 + step, step, tuple(checks), accepted, resampled, bonus, tuple(emitted), 0.01, 10, 10, 2)
+
+
+def test_the_last_step_without_drafts_does_not_re_narrate_the_step_before():
+    """With one token left the last step drafts nothing; its narration must not repeat the previous drafts."""
+    first = Proposal(1.0, 0, "model", 2, (1, 2), (0.6, 0.5), 0.01, 2)
+    full = verification(0, [DraftCheck(0, 1, 0.7, 0.6, 1.0, True), DraftCheck(1, 2, 0.6, 0.5, 1.0, True)], 2,
+                        (1, 2, 7), bonus=7)
+    last = verification(1, [], 0, (1,), bonus=1)
+    view = render.LaneView("speculative", [first, full, last], "p", piece, 4, status="done", total_steps=2)
+    assert said([view]) == ("Step 2 of 2: nothing was drafted: the target made <code>a</code> alone. "
+                            "1 token(s) added for one target pass.")
+
+
+def test_a_rejection_with_p_zero_draws_no_coin():
+    """At T = 0 a draft the target does not pick has p = 0: min(1, p/q) = 0 rejects it without a coin."""
+    proposal = Proposal(1.0, 0, "model", 2, (1, 2), (1.0, 1.0), 0.01, 2)
+    ver = verification(0, [DraftCheck(0, 1, 1.0, 1.0, 1.0, True), DraftCheck(1, 2, 0.0, 1.0, 0.0, False)], 1,
+                       (1, 7), resampled=7)
+    view = render.LaneView("speculative", [proposal, ver], "p", piece, 8)
+    assert said([view]) == (f"Step 1: the drafter proposed <code>a</code> {B}; the target checked them in one pass; "
+                            f"<code>a</code> kept because p ≥ q; {B} <b>rejected</b> without a coin: p = 0 (the "
+                            "target never picks it); a new token <code>z</code> drawn from max(0, p − q). "
+                            "2 token(s) added for one target pass.")
+    coin = verification(0, [DraftCheck(0, 1, 0.1, 0.5, 0.2, False)], 0, (7,), resampled=7)
+    view = render.LaneView("speculative", [proposal, coin], "p", piece, 8)
+    assert "<code>a</code> <b>rejected</b>: p/q = 0.20 and the coin said no" in said([view])
+
+
+def test_the_drafter_is_named_as_the_lane_header_names_it():
+    """The assistant drafter's class calls itself "eagle"; the header says "assistant", so must the narration."""
+    detail = render.lane_detail("speculative", {"drafter": "assistant", "gamma": 2})
+    proposal = Proposal(1.0, 0, "eagle", 2, (1, 2), (0.6, 0.5), 0.01, 2)
+    view = render.LaneView("speculative", [proposal], "p", piece, 8, detail=detail)
+    assert detail.startswith("assistant")
+    assert said([view]) == f"Step 1: the assistant drafter proposed <code>a</code> {B}; the target will check all 2 " \
+                           "in <b>one</b> pass."
+
+
+def test_before_any_run_no_lane_claims_to_be_decoding():
+    """The page opens on live playback: before Run no lane is "decoding alone, timed"."""
+    frame = playback.initial_frame()
+    assert "Decoding alone" not in frame
+    for method in ("autoregressive", "speculative", "diffusion"):
+        assert said_in(frame, method) == "Waiting: press Run to start this lane."
+    waiting = render.LaneView("diffusion", [], "p", piece, 8, status="waiting",
+                              note="waits its turn: each lane is timed alone")
+    assert said([waiting], "diffusion") == "Waits its turn: each lane is timed alone."
+    decoding = render.LaneView("diffusion", [], "p", piece, 8, status="running", progress=0.5)
+    assert said([decoding], "diffusion") == ("Decoding alone, timed; it plays on the shared clock once every lane is "
+                                             "decoded.")
+
+
+def said_in(frame: str, method: str) -> str:
+    return re.search(rf'data-lane="{method}"><b>[^<]*</b> (.*?)</p>', frame).group(1)
