@@ -197,3 +197,34 @@ def test_streaming_times_are_monotone(random_models):
     t = trace.token_times
     assert len(t) == len(trace.token_ids) and t == sorted(t)
     assert trace.stats["ttft_s"] == t[0]
+
+
+@pytest.mark.parametrize("options", [{"steps": 64}, {"steps": 64, "threshold": 0.9}, {"steps": 32, "cache": "none"}])
+def test_the_decode_stops_when_the_answer_has_ended_with_the_same_output(options):
+    """Once end-of-turn is revealed and everything before it is filled, the output (cut at EOS) is final: the
+    decode stops there instead of filling the canvas with end tokens, gives the same tokens as decoding on,
+    and its stats count only the passes it made."""
+    from explorer.decoding.api import encode_prompt
+    from explorer.decoding.config import DecodeConfig
+    from explorer.decoding.diffusion import decode_diffusion
+
+    models = explorer.load_models("smollm2-135m")
+    prompt = "Answer in one word: what colour is the sky?"
+    ids = list(encode_prompt(models.diffusion_tokenizer, prompt, True)[0])
+    cfg = DecodeConfig(max_new_tokens=64, block_length=8, **options)
+
+    def run(stop: bool):
+        gen, events = decode_diffusion(models, ids, cfg, stop_at_end=stop), []
+        try:
+            while True:
+                events.append(next(gen))
+        except StopIteration as done:
+            return done.value, events
+
+    (short, short_events), (full, full_events) = run(True), run(False)
+    eos = models.diffusion_tokenizer.eos_token_id
+    assert short.tokens == full.tokens and short.tokens[-1] == eos and len(short.tokens) < 64
+    assert short.target_passes == len(short_events) < full.target_passes == len(full_events)
+    trace = explorer.decode("diffusion", models, prompt, max_new_tokens=64, block_length=8, **options)
+    assert trace.token_ids == short.tokens
+    assert trace.stats["target_forward_passes"] == len([e for e in trace.events if isinstance(e, RefinementStep)])
