@@ -1,0 +1,100 @@
+"""Turn a Llama-family target into a row-invariant one: every linear layer and the attention run the
+kernels of ``rowinv.cpp``, whose reduction order does not depend on how many rows a pass has.
+
+Why: speculative verification runs the target over gamma + 1 rows at once, autoregressive decoding one
+row at a time. Greedy speculative decoding equals greedy autoregressive decoding only if row i of a k-row
+pass is bit for bit the one-row pass at that position; torch's CPU kernels choose their summation order by
+the number of rows (``benchmarks/row_invariance.py`` shows which), so in any precision that rounds an
+argmax tie differently the outputs part. Norms, rotary embeddings and elementwise ops are computed per row
+already (measured invariant); the linear layers (the LM head included) and attention are replaced here.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from explorer.precision import kernels
+
+ATTENTION = "rowinv"  # the name registered with transformers' AttentionInterface
+FORMATS = ("float32", "bfloat16", "int8")  # how the weights are stored; activations and sums are float32
+
+
+class RowInvariantLinear(nn.Module):
+    """Y = X W^T (no bias) through the row-invariant kernel; W in float32, bfloat16 or int8 + a scale per row."""
+
+    def __init__(self, weight: torch.Tensor, fmt: str):
+        super().__init__()
+        w = weight.detach().float()
+        self.fmt, self.in_features, self.out_features = fmt, w.shape[1], w.shape[0]
+        scale = None
+        if fmt == "int8":  # symmetric, one scale per output channel
+            scale = (w.abs().amax(1) / 127.0).clamp_min(1e-12)  # (N,)
+            w = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        elif fmt == "bfloat16":
+            w = w.to(torch.bfloat16)
+        self.register_buffer("weight", w.contiguous(), persistent=False)  # (N, K)
+        self.register_buffer("scale", scale, persistent=False)  # (N,) or None
+
+    def dequantized(self) -> torch.Tensor:
+        w = self.weight.float()
+        return w * self.scale[:, None] if self.scale is not None else w
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., K) -> (..., N)
+        return kernels.load().linear(x.float(), self.weight, self.scale)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features} -> {self.out_features}, weights {self.fmt}, row-invariant"
+
+
+def row_invariant_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0,
+                            **kwargs) -> tuple[torch.Tensor, None]:
+    """Causal attention, each query row over exactly its own keys (the transformers attention signature).
+
+    query (1, H, M, D); key, value (1, Hkv, L, D) with the M new positions last. Returns (1, M, H, D).
+    Only the plain causal case the decoders use: batch 1, no padding.
+    """
+    if query.shape[0] != 1 or (attention_mask is not None and attention_mask.dtype == torch.bool
+                               and attention_mask.ndim == 2 and not bool(attention_mask.all())):
+        raise ValueError("row-invariant attention supports batch 1 without padding only")
+    out = kernels.load().attend(query[0].float(), key[0].float(), value[0].float(), float(scaling))  # (M, H, D)
+    return out[None], None
+
+
+def register_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION, row_invariant_attention)
+
+
+def make_row_invariant(model: nn.Module, fmt: str) -> nn.Module:
+    """Replace, in place, every linear layer of a causal Llama-family model (its decoder layers and LM head)
+    with a RowInvariantLinear in ``fmt``, and route its attention through ``row_invariant_attention``."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown weight format {fmt!r}")
+    if not hasattr(model, "model") or not hasattr(model.model, "layers"):
+        raise ValueError("row-invariant decoding needs a Llama-family model (model.layers)")
+    if any(getattr(layer.self_attn, "is_causal", True) is False for layer in model.model.layers):
+        raise ValueError("row-invariant attention is causal; this model is bidirectional")
+    kernels.load()
+    register_attention()
+    for layer in model.model.layers:
+        for parent in (layer.self_attn, layer.mlp):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, nn.Linear):
+                    if child.bias is not None:
+                        raise ValueError("row-invariant linear layers take no bias")
+                    setattr(parent, name, RowInvariantLinear(child.weight, fmt))
+    head = model.get_output_embeddings()
+    model.lm_head = RowInvariantLinear(head.weight, fmt)  # untied: the input embedding stays float32
+    model.config.tie_word_embeddings = False
+    model.config._attn_implementation = ATTENTION
+    for module in model.modules():
+        if hasattr(module, "config") and module.config is not model.config:
+            module.config._attn_implementation = ATTENTION
+    return model
+
+
+def is_row_invariant(model: nn.Module) -> bool:
+    return isinstance(getattr(model, "lm_head", None), RowInvariantLinear)

@@ -1,0 +1,239 @@
+// Row-invariant kernels for CPU decoding (explorer/precision): Y = X W^T and causal attention.
+//
+// The rule every kernel here keeps: the arithmetic that produces one output element is one fixed sequence of
+// floating-point operations, whatever the number of rows M in the call. A 4-row verify pass therefore gives
+// each row bit for bit what a one-row pass gives (torch's own kernels pick a matrix-vector path for M = 1 and
+// blocked gemm paths for larger M, which sum in other orders).
+//
+// linear: each output element y[m, n] is sum_k x[m, k] * w[n, k] accumulated in LANES fixed lanes (lane l
+// holds k = l, l + LANES, ...), an FMA per step in increasing k, then one fixed horizontal sum, then (int8) a
+// multiply by the channel's scale. All M rows are computed while a block of weight rows is in cache, so a
+// k-row pass reads the weights once. Weights: float32, bfloat16 (exact upcast) or int8 (one scale per row).
+// attend: each query row attends to exactly its own keys (the prefix plus earlier rows of the pass) with the
+// same dot-product, softmax and weighted-sum sequence as a one-row pass.
+//
+// Built with -ffp-contract=off (no fused operations the source did not write). AVX-512 when the build machine
+// has it (16 lanes), else a portable 16-lane loop: the path is chosen at build time, the same for every M.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#include <immintrin.h>
+#define ROWINV_AVX512 1
+#endif
+
+namespace {
+
+constexpr int LANES = 16;
+constexpr int NB = 4;  // weight rows per block
+constexpr int MB = 4;  // activation rows per register tile
+
+enum class WKind { F32 = 0, BF16 = 1, I8 = 2 };
+
+#ifdef ROWINV_AVX512
+using vec = __m512;
+
+inline vec load_w(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline vec load_w(const uint16_t* p, __mmask16 m) {
+  __m256i h = _mm256_maskz_loadu_epi16(m, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline vec load_w(const int8_t* p, __mmask16 m) {
+  __m128i b = _mm_maskz_loadu_epi8(m, p);
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+}
+inline vec load_x(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline vec fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline vec zero() { return _mm512_setzero_ps(); }
+// A fixed tree: 16 -> 8 -> 4 -> 2 -> 1 lanes, pairs (l, l + half).
+inline float hsum(vec v) {
+  __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  __m128 d = _mm_add_ss(c, _mm_shuffle_ps(c, c, 1));
+  return _mm_cvtss_f32(d);
+}
+inline __mmask16 tail_mask(int64_t n) { return n >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u); }
+inline void prefetch(const void* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
+#else
+struct vec { float v[LANES]; };
+using mask_t = int64_t;
+inline float to_f(float w) { return w; }
+inline float to_f(uint16_t w) { uint32_t u = uint32_t(w) << 16; float f; std::memcpy(&f, &u, 4); return f; }
+inline float to_f(int8_t w) { return float(w); }
+template <typename W> inline vec load_w(const W* p, int64_t n) {
+  vec r; for (int l = 0; l < LANES; ++l) r.v[l] = l < n ? to_f(p[l]) : 0.0f; return r;
+}
+inline vec load_x(const float* p, int64_t n) { vec r; for (int l = 0; l < LANES; ++l) r.v[l] = l < n ? p[l] : 0.0f; return r; }
+inline vec fma(vec a, vec b, vec c) { for (int l = 0; l < LANES; ++l) c.v[l] = std::fma(a.v[l], b.v[l], c.v[l]); return c; }
+inline vec zero() { vec r; for (int l = 0; l < LANES; ++l) r.v[l] = 0.0f; return r; }
+inline float hsum(vec v) {
+  for (int half = LANES / 2; half >= 1; half /= 2)
+    for (int l = 0; l < half; ++l) v.v[l] = v.v[l] + v.v[l + half];
+  return v.v[0];
+}
+inline int64_t tail_mask(int64_t n) { return n >= LANES ? LANES : n; }
+inline void prefetch(const void*) {}
+#endif
+
+// One tile: rows m0 .. m0+mb-1 of X against weight rows n0 .. n0+nb-1. Every accumulator acc[i][j] sees the same
+// sequence of FMAs whatever mb, nb and the neighbours are.
+template <typename W, int mb, int nb>
+void tile(const float* x, int64_t ldx, const W* w, int64_t K, const float* scale, float* y, int64_t ldy,
+          const W* next) {
+  vec acc[mb][nb];
+  for (int i = 0; i < mb; ++i)
+    for (int j = 0; j < nb; ++j) acc[i][j] = zero();
+  for (int64_t k = 0; k < K; k += LANES) {
+    auto m = tail_mask(K - k);
+    if (next != nullptr && (k % 64) == 0)
+      for (int j = 0; j < nb; ++j) prefetch(next + j * K + k);
+    vec wv[nb];
+    for (int j = 0; j < nb; ++j) wv[j] = load_w(w + j * K + k, m);
+    for (int i = 0; i < mb; ++i) {
+      vec xv = load_x(x + i * ldx + k, m);
+      for (int j = 0; j < nb; ++j) acc[i][j] = fma(xv, wv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < mb; ++i)
+    for (int j = 0; j < nb; ++j) {
+      float s = hsum(acc[i][j]);
+      y[i * ldy + j] = scale != nullptr ? s * scale[j] : s;
+    }
+}
+
+template <typename W, int nb>
+void block_rows(const float* x, int64_t M, int64_t K, const W* w, const float* scale, float* y, int64_t N,
+                const W* next) {
+  int64_t m = 0;
+  for (; m + MB <= M; m += MB) tile<W, MB, nb>(x + m * K, K, w, K, scale, y + m * N, N, m == 0 ? next : nullptr);
+  switch (M - m) {
+    case 3: tile<W, 3, nb>(x + m * K, K, w, K, scale, y + m * N, N, m == 0 ? next : nullptr); break;
+    case 2: tile<W, 2, nb>(x + m * K, K, w, K, scale, y + m * N, N, m == 0 ? next : nullptr); break;
+    case 1: tile<W, 1, nb>(x + m * K, K, w, K, scale, y + m * N, N, m == 0 ? next : nullptr); break;
+    default: break;
+  }
+}
+
+template <typename W>
+void linear_impl(const float* x, int64_t M, int64_t K, const W* w, int64_t N, const float* scale, float* y) {
+  const int64_t blocks = (N + NB - 1) / NB;
+  at::parallel_for(0, blocks, 64, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n0 = b * NB;
+      const int64_t nb = std::min<int64_t>(NB, N - n0);
+      const W* wb = w + n0 * K;
+      const W* next = (b + 1 < b1 && n0 + 2 * NB <= N) ? wb + NB * K : nullptr;
+      const float* sb = scale != nullptr ? scale + n0 : nullptr;
+      switch (nb) {
+        case 4: block_rows<W, 4>(x, M, K, wb, sb, y + n0, N, next); break;
+        case 3: block_rows<W, 3>(x, M, K, wb, sb, y + n0, N, nullptr); break;
+        case 2: block_rows<W, 2>(x, M, K, wb, sb, y + n0, N, nullptr); break;
+        default: block_rows<W, 1>(x, M, K, wb, sb, y + n0, N, nullptr); break;
+      }
+    }
+  });
+}
+
+}  // namespace
+
+// x (..., K) float32; w (N, K) float32 | bfloat16 | int8; scale (N,) float32 (int8 only). Returns (..., N) float32.
+torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> scale) {
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32, "rowinv.linear: x must be float32");
+  TORCH_CHECK(w.dim() == 2 && w.is_contiguous(), "rowinv.linear: w must be a contiguous (N, K) matrix");
+  const int64_t K = w.size(1), N = w.size(0);
+  TORCH_CHECK(x.size(-1) == K, "rowinv.linear: x's last dimension must equal w's K");
+  auto x2 = x.reshape({-1, K}).contiguous();
+  const int64_t M = x2.size(0);
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = N;
+  auto y = torch::empty({M, N}, x.options());
+  const float* sp = nullptr;
+  torch::Tensor s;
+  if (w.scalar_type() == torch::kChar) {
+    TORCH_CHECK(scale.has_value(), "rowinv.linear: int8 weights need a scale per row");
+    s = scale->contiguous();
+    TORCH_CHECK(s.scalar_type() == torch::kFloat32 && s.numel() == N, "rowinv.linear: scale must be (N,) float32");
+    sp = s.data_ptr<float>();
+  }
+  const float* xp = x2.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  switch (w.scalar_type()) {
+    case torch::kFloat32: linear_impl<float>(xp, M, K, w.data_ptr<float>(), N, nullptr, yp); break;
+    case torch::kBFloat16:
+      linear_impl<uint16_t>(xp, M, K, reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), N, nullptr, yp);
+      break;
+    case torch::kChar: linear_impl<int8_t>(xp, M, K, w.data_ptr<int8_t>(), N, sp, yp); break;
+    default: TORCH_CHECK(false, "rowinv.linear: weights must be float32, bfloat16 or int8");
+  }
+  return y.view(shape);
+}
+
+// q (H, M, D), k and v (Hkv, L, D), float32; query row i sits at position L - M + i and sees keys 0 .. L - M + i.
+// Query head h reads kv head h / (H / Hkv). Returns (M, H, D).
+torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scaling) {
+  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && k.scalar_type() == torch::kFloat32 &&
+              v.scalar_type() == torch::kFloat32, "rowinv.attend: float32 only");
+  q = q.contiguous(); k = k.contiguous(); v = v.contiguous();
+  const int64_t H = q.size(0), M = q.size(1), D = q.size(2), Hkv = k.size(0), L = k.size(1);
+  TORCH_CHECK(H % Hkv == 0 && L >= M && k.size(2) == D && v.sizes() == k.sizes(), "rowinv.attend: bad shapes");
+  auto out = torch::empty({M, H, D}, q.options());
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const float sc = static_cast<float>(scaling);
+  const int64_t group = H / Hkv;
+  at::parallel_for(0, H * M, 4, [&](int64_t r0, int64_t r1) {
+    std::vector<float> p(L);
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t h = r / M, i = r % M, seen = L - M + i + 1;
+      const float* qr = qp + (h * M + i) * D;
+      const float* kh = kp + (h / group) * L * D;
+      const float* vh = vp + (h / group) * L * D;
+      float mx = -INFINITY;
+      for (int64_t j = 0; j < seen; ++j) {
+        vec acc = zero();
+        for (int64_t d = 0; d < D; d += LANES) {
+          auto m = tail_mask(D - d);
+          acc = fma(load_x(qr + d, m), load_x(kh + j * D + d, m), acc);
+        }
+        p[j] = hsum(acc) * sc;
+        mx = p[j] > mx ? p[j] : mx;
+      }
+      float total = 0.0f;
+      for (int64_t j = 0; j < seen; ++j) {
+        p[j] = std::exp(p[j] - mx);
+        total = total + p[j];
+      }
+      const float inv = 1.0f / total;
+      float* o = op + (i * H + h) * D;
+      for (int64_t d = 0; d < D; ++d) o[d] = 0.0f;
+      for (int64_t j = 0; j < seen; ++j) {
+        const float pj = p[j] * inv;
+        const float* vr = vh + j * D;
+        for (int64_t d = 0; d < D; ++d) o[d] = o[d] + pj * vr[d];
+      }
+    }
+  });
+  return out;
+}
+
+std::string path() {
+#ifdef ROWINV_AVX512
+  return "avx512";
+#else
+  return "portable";
+#endif
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("linear", &linear, "row-invariant Y = X W^T", py::arg("x"), py::arg("w"), py::arg("scale") = py::none());
+  m.def("attend", &attend, "row-invariant causal attention");
+  m.def("path", &path, "the SIMD path compiled in");
+}
