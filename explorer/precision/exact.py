@@ -41,6 +41,8 @@ class RowInvariantLinear(nn.Module):
         return w * self.scale[:, None] if self.scale is not None else w
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., K) -> (..., N)
+        if self.fmt == "int8":  # integer sums: each activation row rounded to 16-bit integers with its own scale
+            return kernels.load().linear_a16(x.float(), self.weight, self.scale)
         return kernels.load().linear(x.float(), self.weight, self.scale)
 
     def extra_repr(self) -> str:
@@ -62,6 +64,56 @@ def row_invariant_attention(module: nn.Module, query: torch.Tensor, key: torch.T
     return out[None], None
 
 
+class FusedAttention(nn.Module):
+    """Llama attention with q, k and v in one kernel call (their weight rows stacked: each output element is the
+    same sum as unstacked) and the attention kernel called directly."""
+
+    def __init__(self, attn: nn.Module, fmt: str):
+        super().__init__()
+        config = attn.config
+        self.layer_idx, self.head_dim, self.scaling = attn.layer_idx, attn.head_dim, attn.scaling
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        for proj in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj):
+            if proj.bias is not None:
+                raise ValueError("row-invariant linear layers take no bias")
+        self.qkv = RowInvariantLinear(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]), fmt)
+        self.o_proj = RowInvariantLinear(attn.o_proj.weight, fmt)
+
+    def forward(self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
+                past_key_values=None, **kwargs) -> tuple[torch.Tensor, None]:
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        b, t, _ = hidden_states.shape
+        if b != 1:
+            raise ValueError("row-invariant attention supports batch 1 only")
+        d = self.head_dim
+        q, k, v = self.qkv(hidden_states).split([self.heads * d, self.kv_heads * d, self.kv_heads * d], -1)
+        q = q.view(b, t, self.heads, d).transpose(1, 2)  # (1, H, T, D)
+        k = k.view(b, t, self.kv_heads, d).transpose(1, 2)  # (1, Hkv, T, D)
+        v = v.view(b, t, self.kv_heads, d).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, *position_embeddings)
+        if past_key_values is not None:
+            k, v = past_key_values.update(k, v, self.layer_idx)
+        out, _ = row_invariant_attention(self, q, k, v, None, self.scaling)  # (1, T, H, D)
+        return self.o_proj(out.reshape(b, t, -1)), None
+
+
+class FusedMLP(nn.Module):
+    """SwiGLU with gate and up in one kernel call."""
+
+    def __init__(self, mlp: nn.Module, fmt: str):
+        super().__init__()
+        if any(p.bias is not None for p in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)):
+            raise ValueError("row-invariant linear layers take no bias")
+        self.gate_up = RowInvariantLinear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), fmt)
+        self.down_proj = RowInvariantLinear(mlp.down_proj.weight, fmt)
+        self.act = mlp.act_fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, -1)
+        return self.down_proj(self.act(gate) * up)
+
+
 def register_attention() -> None:
     from transformers import AttentionInterface
 
@@ -80,12 +132,8 @@ def make_row_invariant(model: nn.Module, fmt: str) -> nn.Module:
     kernels.load()
     register_attention()
     for layer in model.model.layers:
-        for parent in (layer.self_attn, layer.mlp):
-            for name, child in list(parent.named_children()):
-                if isinstance(child, nn.Linear):
-                    if child.bias is not None:
-                        raise ValueError("row-invariant linear layers take no bias")
-                    setattr(parent, name, RowInvariantLinear(child.weight, fmt))
+        layer.self_attn = FusedAttention(layer.self_attn, fmt)
+        layer.mlp = FusedMLP(layer.mlp, fmt)
     head = model.get_output_embeddings()
     model.lm_head = RowInvariantLinear(head.weight, fmt)  # untied: the input embedding stays float32
     model.config.tie_word_embeddings = False

@@ -140,7 +140,119 @@ void linear_impl(const float* x, int64_t M, int64_t K, const W* w, int64_t N, co
   });
 }
 
+// ---- int8 weights x 16-bit integer activations: integer sums, exact whatever their order.
+// Each activation row is rounded to integers of at most `level` in magnitude with its own scale, so the int32 sum
+// over k cannot overflow (level * 127 * K < 2^31); y = float(sum) * x_scale[m] * w_scale[n].
+inline int32_t a16_level(int64_t K) {
+  const int64_t cap = (int64_t(2147483647) / (127 * std::max<int64_t>(K, 1)));
+  return int32_t(std::min<int64_t>(32767, cap));
+}
+
+void quantize_rows(const float* x, int64_t M, int64_t K, int64_t Kp, int16_t* xq, float* xs) {
+  const float level = float(a16_level(K));
+  for (int64_t m = 0; m < M; ++m) {
+    const float* r = x + m * K;
+    float amax = 0.0f;
+    for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(r[k]));
+    const float inv = amax > 0.0f ? level / amax : 0.0f;
+    xs[m] = amax > 0.0f ? amax / level : 0.0f;
+    for (int64_t k = 0; k < Kp; ++k) xq[m * Kp + k] = k < K ? int16_t(std::nearbyint(r[k] * inv)) : int16_t(0);
+  }
+}
+
+#if defined(ROWINV_AVX512)
+inline __m512i dp16(__m512i acc, __m512i x, __m512i w) {
+#if defined(__AVX512VNNI__)
+  return _mm512_dpwssd_epi32(acc, x, w);
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(x, w));
+#endif
+}
+
+// rows m .. m+mb-1 (16-bit, padded to Kp) against nb int8 weight rows; integer sums, so any grouping gives the same.
+template <int mb, int nb>
+void tile_a16(const int16_t* xq, int64_t Kp, const float* xs, const int8_t* w, int64_t K, const float* ws, float* y,
+              int64_t ldy) {
+  __m512i acc[mb][nb];
+  for (int i = 0; i < mb; ++i)
+    for (int j = 0; j < nb; ++j) acc[i][j] = _mm512_setzero_si512();
+  for (int64_t k = 0; k < K; k += 32) {
+    const int64_t n = K - k;
+    const __mmask32 m = n >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << n) - 1u);
+    __m512i wv[nb];
+    for (int j = 0; j < nb; ++j) wv[j] = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m, w + j * K + k));
+    for (int i = 0; i < mb; ++i) {
+      __m512i xv = _mm512_loadu_si512(xq + i * Kp + k);
+      for (int j = 0; j < nb; ++j) acc[i][j] = dp16(acc[i][j], xv, wv[j]);
+    }
+  }
+  for (int i = 0; i < mb; ++i)
+    for (int j = 0; j < nb; ++j) y[i * ldy + j] = float(_mm512_reduce_add_epi32(acc[i][j])) * xs[i] * ws[j];
+}
+
+template <int nb>
+void rows_a16(const int16_t* xq, int64_t M, int64_t Kp, const float* xs, const int8_t* w, int64_t K, const float* ws,
+              float* y, int64_t N) {
+  int64_t m = 0;
+  for (; m + MB <= M; m += MB) tile_a16<MB, nb>(xq + m * Kp, Kp, xs + m, w, K, ws, y + m * N, N);
+  switch (M - m) {
+    case 3: tile_a16<3, nb>(xq + m * Kp, Kp, xs + m, w, K, ws, y + m * N, N); break;
+    case 2: tile_a16<2, nb>(xq + m * Kp, Kp, xs + m, w, K, ws, y + m * N, N); break;
+    case 1: tile_a16<1, nb>(xq + m * Kp, Kp, xs + m, w, K, ws, y + m * N, N); break;
+    default: break;
+  }
+}
+#endif
+
+void linear_i8a16_impl(const float* x, int64_t M, int64_t K, const int8_t* w, int64_t N, const float* ws, float* y) {
+  const int64_t Kp = (K + 31) / 32 * 32;
+  std::vector<int16_t> xq(M * Kp);
+  std::vector<float> xs(M);
+  quantize_rows(x, M, K, Kp, xq.data(), xs.data());
+  const int64_t blocks = (N + NB - 1) / NB;
+  at::parallel_for(0, blocks, 64, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n0 = b * NB, nb = std::min<int64_t>(NB, N - n0);
+      if (b + 1 < b1)
+        for (int64_t j = 0; j < nb; ++j) prefetch(w + (n0 + NB + j) * K);
+#if defined(ROWINV_AVX512)
+      const int8_t* wb = w + n0 * K;
+      switch (nb) {
+        case 4: rows_a16<4>(xq.data(), M, Kp, xs.data(), wb, K, ws + n0, y + n0, N); break;
+        case 3: rows_a16<3>(xq.data(), M, Kp, xs.data(), wb, K, ws + n0, y + n0, N); break;
+        case 2: rows_a16<2>(xq.data(), M, Kp, xs.data(), wb, K, ws + n0, y + n0, N); break;
+        default: rows_a16<1>(xq.data(), M, Kp, xs.data(), wb, K, ws + n0, y + n0, N); break;
+      }
+#else
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t j = 0; j < nb; ++j) {
+          int64_t acc = 0;
+          for (int64_t k = 0; k < K; ++k) acc += int64_t(xq[m * Kp + k]) * int64_t(w[(n0 + j) * K + k]);
+          y[m * N + n0 + j] = float(int32_t(acc)) * xs[m] * ws[n0 + j];
+        }
+#endif
+    }
+  });
+}
+
 }  // namespace
+
+// x (..., K) float32, w (N, K) int8, scale (N,): y = X W^T with each row of X rounded to 16-bit integers.
+torch::Tensor linear_a16(torch::Tensor x, torch::Tensor w, torch::Tensor scale) {
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && w.scalar_type() == torch::kChar && w.dim() == 2 &&
+              w.is_contiguous(), "rowinv.linear_a16: float32 x and contiguous (N, K) int8 w");
+  const int64_t K = w.size(1), N = w.size(0);
+  TORCH_CHECK(x.size(-1) == K && scale.numel() == N && scale.scalar_type() == torch::kFloat32,
+              "rowinv.linear_a16: bad shapes");
+  auto x2 = x.reshape({-1, K}).contiguous();
+  auto s = scale.contiguous();
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = N;
+  auto y = torch::empty({x2.size(0), N}, x.options());
+  linear_i8a16_impl(x2.data_ptr<float>(), x2.size(0), K, w.data_ptr<int8_t>(), N, s.data_ptr<float>(),
+                    y.data_ptr<float>());
+  return y.view(shape);
+}
 
 // x (..., K) float32; w (N, K) float32 | bfloat16 | int8; scale (N,) float32 (int8 only). Returns (..., N) float32.
 torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> scale) {
@@ -234,6 +346,7 @@ std::string path() {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "row-invariant Y = X W^T", py::arg("x"), py::arg("w"), py::arg("scale") = py::none());
+  m.def("linear_a16", &linear_a16, "Y = X W^T, int8 W, X rounded to 16-bit integers per row");
   m.def("attend", &attend, "row-invariant causal attention");
   m.def("path", &path, "the SIMD path compiled in");
 }
