@@ -44,7 +44,9 @@ def test_the_linear_kernel_is_row_invariant_for_every_row_count(fmt, shape):
     x = torch.randn(MAX_ROWS, k, generator=gen)
     assert rows_that_differ(layer, x) == []
     reference = F.linear(x.double(), layer.dequantized().double()).float()  # the same product, summed exactly
-    torch.testing.assert_close(layer(x), reference, rtol=1e-4, atol=1e-4)
+    # int8 also rounds each activation row to 16-bit integers (at most 1 part in 2^13 of the row's largest value)
+    tolerance = 1e-3 if fmt == "int8" else 1e-5
+    assert (layer(x) - reference).abs().max() <= tolerance * reference.abs().max()
 
 
 def test_negative_control_torch_float32_linear_is_not_row_invariant():
