@@ -138,7 +138,7 @@ def _context_length(config: Any) -> int:
 
 def _weight_bytes(model: nn.Module, exclude: set[int] | None = None) -> int:
     seen, total = set(exclude or ()), 0
-    for p in model.parameters():
+    for p in [*model.parameters(), *model.buffers()]:  # an exact precision keeps its weights as buffers
         if p.data_ptr() not in seen:
             seen.add(p.data_ptr())
             total += p.numel() * p.element_size()
