@@ -114,15 +114,42 @@ class FusedMLP(nn.Module):
         return self.down_proj(self.act(gate) * up)
 
 
+class LeanLayer(nn.Module):
+    """A whole Llama decoder layer in two kernel calls, the KV cache appended between them (transformers'
+    ``Cache.update``): the same arithmetic as FusedAttention + FusedMLP row by row, in far fewer Python-level ops."""
+
+    def __init__(self, layer: nn.Module, attention: FusedAttention, mlp: FusedMLP):
+        super().__init__()
+        self.attention, self.mlp = attention, mlp
+        self.input_norm, self.post_norm = layer.input_layernorm.weight.detach().float(), \
+            layer.post_attention_layernorm.weight.detach().float()
+        self.eps = float(layer.input_layernorm.variance_epsilon)
+
+    def forward(self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
+                past_key_values=None, **kwargs) -> torch.Tensor:  # (1, M, hidden) -> (1, M, hidden)
+        if hidden_states.shape[0] != 1:
+            raise ValueError("row-invariant decoding supports batch 1 only")
+        ext, a, m = kernels.load(), self.attention, self.mlp
+        cos, sin = position_embeddings
+        q, k, v = ext.pre_attention(hidden_states, self.input_norm, self.eps, a.qkv.weight, a.qkv.scale, cos, sin,
+                                    a.heads, a.kv_heads)  # (1, H, M, D), (1, Hkv, M, D) x 2
+        if past_key_values is not None:
+            k, v = past_key_values.update(k, v, a.layer_idx)
+        return ext.post_attention(hidden_states, q, k, v, float(a.scaling), a.o_proj.weight, a.o_proj.scale,
+                                  self.post_norm, self.eps, m.gate_up.weight, m.gate_up.scale, m.down_proj.weight,
+                                  m.down_proj.scale)
+
+
 def register_attention() -> None:
     from transformers import AttentionInterface
 
     AttentionInterface.register(ATTENTION, row_invariant_attention)
 
 
-def make_row_invariant(model: nn.Module, fmt: str) -> nn.Module:
+def make_row_invariant(model: nn.Module, fmt: str, lean: bool = True) -> nn.Module:
     """Replace, in place, every linear layer of a causal Llama-family model (its decoder layers and LM head)
-    with a RowInvariantLinear in ``fmt``, and route its attention through ``row_invariant_attention``."""
+    with a RowInvariantLinear in ``fmt``, and route its attention through ``row_invariant_attention``; with
+    ``lean`` each decoder layer becomes a LeanLayer (two kernel calls)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown weight format {fmt!r}")
     if not hasattr(model, "model") or not hasattr(model.model, "layers"):
@@ -131,9 +158,12 @@ def make_row_invariant(model: nn.Module, fmt: str) -> nn.Module:
         raise ValueError("row-invariant attention is causal; this model is bidirectional")
     kernels.load()
     register_attention()
-    for layer in model.model.layers:
+    lean = lean and getattr(model.config, "hidden_act", "silu") == "silu"  # LeanLayer's MLP is SwiGLU
+    for i, layer in enumerate(model.model.layers):
         layer.self_attn = FusedAttention(layer.self_attn, fmt)
         layer.mlp = FusedMLP(layer.mlp, fmt)
+        if lean:
+            model.model.layers[i] = LeanLayer(layer, layer.self_attn, layer.mlp)
     head = model.get_output_embeddings()
     model.lm_head = RowInvariantLinear(head.weight, fmt)  # untied: the input embedding stays float32
     model.config.tie_word_embeddings = False

@@ -336,6 +336,86 @@ torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, double s
   return out;
 }
 
+// ---- one decoder layer in two calls (the KV cache is appended in Python between them): fewer Python-level ops
+torch::Tensor lin(const torch::Tensor& x, const torch::Tensor& w, const c10::optional<torch::Tensor>& s) {
+  return w.scalar_type() == torch::kChar ? linear_a16(x, w, *s) : ::linear(x, w, s);
+}
+
+// Llama's RMSNorm, row by row: weight * (x * 1/sqrt(mean(x^2) + eps)), the mean a fixed 16-lane sum.
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
+  const int64_t H = x.size(-1);
+  auto x2 = x.reshape({-1, H}).contiguous();
+  auto out = torch::empty_like(x2);
+  const float* xp = x2.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  for (int64_t m = 0; m < x2.size(0); ++m) {
+    const float* r = xp + m * H;
+    vec acc = zero();
+    for (int64_t k = 0; k < H; k += LANES) {
+      auto mk = tail_mask(H - k);
+      vec xv = load_x(r + k, mk);
+      acc = fma(xv, xv, acc);
+    }
+    const float inv = 1.0f / std::sqrt(hsum(acc) / float(H) + float(eps));
+    for (int64_t k = 0; k < H; ++k) op[m * H + k] = wp[k] * (r[k] * inv);
+  }
+  return out.view(x.sizes());
+}
+
+// x (1, M, hidden) -> q (1, H, M, D), k and v (1, Hkv, M, D): norm, one q|k|v product, rotary (Llama's half split).
+std::vector<torch::Tensor> pre_attention(torch::Tensor x, torch::Tensor ln_w, double eps, torch::Tensor qkv_w,
+                                         c10::optional<torch::Tensor> qkv_s, torch::Tensor cos, torch::Tensor sin,
+                                         int64_t heads, int64_t kv_heads) {
+  auto qkv = lin(rms_norm(x, ln_w, eps), qkv_w, qkv_s).contiguous();  // (1, M, (H + 2 Hkv) D)
+  const int64_t M = x.size(1), D = qkv.size(2) / (heads + 2 * kv_heads), half = D / 2;
+  auto c = cos.reshape({M, D}).contiguous(), sn = sin.reshape({M, D}).contiguous();
+  auto q = torch::empty({1, heads, M, D}, x.options());
+  auto k = torch::empty({1, kv_heads, M, D}, x.options());
+  auto v = torch::empty({1, kv_heads, M, D}, x.options());
+  const float* src = qkv.data_ptr<float>();
+  const float* cp = c.data_ptr<float>();
+  const float* sp = sn.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t h = 0; h < heads + 2 * kv_heads; ++h) {
+      const float* a = src + (m * (heads + 2 * kv_heads) + h) * D;
+      float* dst = h < heads ? q.data_ptr<float>() + (h * M + m) * D
+                 : h < heads + kv_heads ? k.data_ptr<float>() + ((h - heads) * M + m) * D
+                 : v.data_ptr<float>() + ((h - heads - kv_heads) * M + m) * D;
+      if (h >= heads + kv_heads) {
+        std::memcpy(dst, a, D * sizeof(float));
+        continue;
+      }
+      for (int64_t d = 0; d < D; ++d) {
+        const float rot = d < half ? -a[d + half] : a[d - half];
+        dst[d] = a[d] * cp[m * D + d] + rot * sp[m * D + d];
+      }
+    }
+  }
+  return {q, k, v};
+}
+
+// The rest of the layer: attention over the cache, o_proj, residual, norm, SwiGLU MLP (gate|up in one product), residual.
+torch::Tensor post_attention(torch::Tensor x, torch::Tensor q, torch::Tensor k, torch::Tensor v, double scaling,
+                             torch::Tensor o_w, c10::optional<torch::Tensor> o_s, torch::Tensor ln_w, double eps,
+                             torch::Tensor gu_w, c10::optional<torch::Tensor> gu_s, torch::Tensor d_w,
+                             c10::optional<torch::Tensor> d_s) {
+  const int64_t M = x.size(1);
+  auto a = attend(q[0], k[0], v[0], scaling).reshape({1, M, -1});
+  auto h = x + lin(a, o_w, o_s);
+  auto gu = lin(rms_norm(h, ln_w, eps), gu_w, gu_s).contiguous();  // (1, M, 2I)
+  const int64_t I = gu.size(2) / 2;
+  auto act = torch::empty({1, M, I}, x.options());
+  const float* g = gu.data_ptr<float>();
+  float* ap = act.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t i = 0; i < I; ++i) {
+      const float gate = g[m * 2 * I + i], up = g[m * 2 * I + I + i];
+      ap[m * I + i] = (gate / (1.0f + std::exp(-gate))) * up;
+    }
+  return h + lin(act, d_w, d_s);
+}
+
 std::string path() {
 #ifdef ROWINV_AVX512
   return "avx512";
@@ -347,6 +427,9 @@ std::string path() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "row-invariant Y = X W^T", py::arg("x"), py::arg("w"), py::arg("scale") = py::none());
   m.def("linear_a16", &linear_a16, "Y = X W^T, int8 W, X rounded to 16-bit integers per row");
+  m.def("rms_norm", &rms_norm, "row-wise RMSNorm");
+  m.def("pre_attention", &pre_attention, "norm, q|k|v, rotary");
+  m.def("post_attention", &post_attention, "attention, o_proj, residual, norm, MLP, residual");
   m.def("attend", &attend, "row-invariant causal attention");
   m.def("path", &path, "the SIMD path compiled in");
 }
