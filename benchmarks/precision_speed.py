@@ -3,9 +3,10 @@
     python benchmarks/precision_speed.py [--prompts 6] [--tokens 64] [--gamma 3] [--reps 9]
 
 One torch thread. The float32 bundle is loaded once (``load_models("smollm2-135m", precision="float32")``); each
-exact precision is its target converted by the same ``make_row_invariant`` that ``load_models`` applies, beside
-the same drafters. Held-out chat prompts (``chat_prompts("heldout")``), and per prompt every precision in turn
-(interleaved), greedy autoregressive then greedy speculative (the preset's drafter, the EAGLE head). Then the
+exact precision is a copy converted by ``converted_copy``, which applies what ``load_models`` applies (the target
+row-invariant, the EAGLE head on the same kernels). Held-out chat prompts (``chat_prompts("heldout")``), and per
+prompt every precision in turn (interleaved), greedy autoregressive then greedy speculative (the preset's drafter,
+the EAGLE head). Then the
 verify-pass cost: a pass over gamma + 1 new tokens against a one-token pass, over a 120-token prefix, medians
 of --reps taken in turn. Other work on the machine slows everything: compare the ratios, not the tokens/s.
 """
@@ -13,8 +14,6 @@ of --reps taken in turn. Other work on the machine slows everything: compare the
 from __future__ import annotations
 
 import argparse
-import copy
-import dataclasses
 import os
 import statistics
 import sys
@@ -28,21 +27,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import explorer  # noqa: E402
 from explorer.measure.bench_cli import cpu_name  # noqa: E402
-from explorer.precision import EXACT, PRECISIONS  # noqa: E402
-from explorer.precision.exact import make_row_invariant  # noqa: E402
+from explorer.precision import EXACT, PRECISIONS, converted_copy  # noqa: E402
 from explorer.training.prompts import chat_prompts  # noqa: E402
 
 
 def bundles(names: list[str]) -> dict:
     base = explorer.load_models("smollm2-135m", device="cpu", precision="float32")
-    out = {}
-    for name in names:
-        if PRECISIONS[name] is None:
-            out[name] = base
-        else:
-            target = make_row_invariant(copy.deepcopy(base.target), PRECISIONS[name])
-            out[name] = dataclasses.replace(base, target=target, precision=name)
-    return out
+    return {name: converted_copy(base, name) for name in names}
 
 
 def pass_times(models, rows: int, reps: int) -> list[float]:

@@ -248,8 +248,7 @@ def _load_uncached(name: str, device: torch.device, dtype: torch.dtype, hub_ids:
     if precision is not None:  # after the loaders: the diffusion adapter copied the float32 target first
         from explorer.precision import apply_precision
 
-        apply_precision(models.target, precision)
-        models.precision = precision
+        apply_precision(models, precision)
     return models
 
 

@@ -7,8 +7,6 @@ speculative == greedy autoregressive for every drafter and exact precision, and 
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import importlib.util
 
 import pytest
@@ -18,7 +16,7 @@ from transformers import DynamicCache
 
 import explorer
 from explorer.models import SMOLLM2_DIR, build_random_llama
-from explorer.precision import EXACT, PRECISIONS, kernels, resolve_precision
+from explorer.precision import EXACT, converted_copy, kernels, resolve_precision
 from explorer.precision.exact import FORMATS, RowInvariantLinear, make_row_invariant
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="no C++ compiler: exact precisions unavailable")
@@ -139,12 +137,9 @@ def smollm2_float32():
 
 @pytest.fixture(scope="module")
 def smollm2_exact(smollm2_float32):
-    """The float32 bundle once per exact precision: the same drafters, the target converted (a copy)."""
-    bundles = {}
-    for precision in EXACT:
-        target = make_row_invariant(copy.deepcopy(smollm2_float32.target), PRECISIONS[precision])
-        bundles[precision] = dataclasses.replace(smollm2_float32, target=target, precision=precision)
-    return bundles
+    """The float32 bundle once per exact precision: the target and EAGLE head converted copies (as load_models
+    converts them), the other drafters shared."""
+    return {precision: converted_copy(smollm2_float32, precision) for precision in EXACT}
 
 
 @pytest.mark.parametrize("precision", EXACT)

@@ -65,14 +65,35 @@ def resolve_precision(precision: str | None, device: torch.device, dtype: str | 
     return precision
 
 
-def apply_precision(target: torch.nn.Module, precision: str | None) -> torch.nn.Module:
-    """Convert the target in place for an exact precision; nothing for float32 or the dtype path."""
+def apply_precision(models, precision: str | None):
+    """Convert a bundle in place for an exact precision: the target (row-invariant) and an EAGLE head (the same
+    kernels, for speed: a drafter need not be row-invariant, its q is whatever it drew from). Nothing for float32
+    or the dtype path. Returns the bundle with ``precision`` set."""
     fmt = PRECISIONS.get(precision) if precision else None
     if fmt is None:
-        return target
-    from explorer.precision.exact import make_row_invariant
+        return models
+    from explorer.precision.exact import make_row_invariant, use_kernels_in_eagle_head
 
     try:
-        return make_row_invariant(target, fmt)
+        make_row_invariant(models.target, fmt)
     except ValueError as exc:
         raise ExplorerError(f"precision {precision!r}: {exc}") from None
+    if models.assistant is not None and hasattr(models.assistant, "layer"):
+        use_kernels_in_eagle_head(models.assistant, fmt)
+    models.precision = precision
+    return models
+
+
+def converted_copy(models, precision: str):
+    """A float32 bundle at another precision without loading it again: the target and EAGLE head copied and
+    converted as ``load_models`` converts them, the other drafters shared (tests, benchmarks)."""
+    import copy
+    import dataclasses
+
+    if PRECISIONS[precision] is None:
+        return models
+    bundle = dataclasses.replace(models, target=copy.deepcopy(models.target),
+                                 assistant=copy.deepcopy(models.assistant))
+    if bundle.assistant is not None and hasattr(bundle.assistant, "attach"):
+        bundle.assistant.attach(bundle.target)  # share the copy's embedding, as loading does
+    return apply_precision(bundle, precision)
