@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BUNDLE = ["app.py", "requirements.txt", "README.md", ".gitattributes", "explorer/*.py", "explorer/decoding/*.py",
           "explorer/families/*.py", "explorer/app/*.py", "explorer/app/text/*.md", "explorer/measure/*.py",
           "explorer/engine/*.py",  # the CLI imports it; the Engine tab itself is hidden on a Space
+          "explorer/precision/*.py", "explorer/precision/*.cpp", "explorer/precision/*.h",
           "assets/style.css",
           "assets/prompts/*", "assets/models/tiny/**", "assets/models/smollm2-135m/**",
           "docs/screenshot.png"]

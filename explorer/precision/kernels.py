@@ -35,7 +35,8 @@ def _cpu_flags() -> str:
 
 def build_dir() -> Path:
     root = Path(os.environ.get("EXPLORER_KERNEL_CACHE", Path.home() / ".cache" / "decoding-explorer" / "rowinv"))
-    key = hashlib.sha1(SOURCE.read_bytes() + torch.__version__.encode() + _cpu_flags().encode()
+    sources = SOURCE.read_bytes() + SOURCE.with_name("rowinv_simd.h").read_bytes()
+    key = hashlib.sha1(sources + torch.__version__.encode() + _cpu_flags().encode()
                        + platform.machine().encode() + " ".join(FLAGS).encode()).hexdigest()[:12]
     return root / key
 
