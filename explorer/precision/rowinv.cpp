@@ -128,8 +128,22 @@ void tile_a16(const int16_t* xq, int64_t Kp, const float* xs, const int8_t* w, i
       for (int j = 0; j < nb; ++j) acc[i][j] = dp16(acc[i][j], xv, wv[j]);
     }
   }
-  for (int i = 0; i < mb; ++i)
-    for (int j = 0; j < nb; ++j) y[i * ldy + j] = float(_mm512_reduce_add_epi32(acc[i][j])) * xs[i] * ws[j];
+  for (int i = 0; i < mb; ++i) {
+    int32_t sums[nb];
+    if constexpr (nb == 4) {  // four sums at once (integer sums: any order gives the same)
+      __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(acc[i][0], acc[i][1]),
+                                     _mm512_unpackhi_epi32(acc[i][0], acc[i][1]));
+      __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(acc[i][2], acc[i][3]),
+                                     _mm512_unpackhi_epi32(acc[i][2], acc[i][3]));
+      __m512i u = _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
+      __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(u), _mm512_extracti64x4_epi64(u, 1));
+      __m128i q = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(sums), q);  // lanes: acc0, acc1, acc2, acc3
+    } else {
+      for (int j = 0; j < nb; ++j) sums[j] = _mm512_reduce_add_epi32(acc[i][j]);
+    }
+    for (int j = 0; j < nb; ++j) y[i * ldy + j] = float(sums[j]) * xs[i] * ws[j];
+  }
 }
 
 template <int nb>
