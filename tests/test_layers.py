@@ -8,7 +8,7 @@ ROOT = Path(__file__).resolve().parent.parent / "explorer"
 # Lowest first. A module belongs to the entry that names it or, failing that, its folder (the longest match).
 LAYERS = [
     ("core", ["errors", "decoding.config", "decoding.sampling", "decoding.events"]),
-    ("models", ["models", "families"]),
+    ("models", ["models", "families", "precision"]),
     ("decoding", ["decoding"]),
     ("api", ["decoding.api", "decoding.flags", "__init__"]),
     ("measure and views", ["measure", "app.render", "app.tree_view", "app.byte_chips", "app.plots", "engine"]),

@@ -30,6 +30,7 @@ from explorer.app.playback import (
 from explorer.decoding.config import METHODS
 from explorer.decoding.events import TokenStep, Trace, Verification
 from explorer.models import Models
+from explorer.precision import EXACT
 
 HISTORY_LIMIT = 5000  # traces kept per session (the measure tab says so; export writes all of them)
 LONG_PROMPT_TOKENS = 512  # above this the Run warns that the prefill delays the first token
@@ -214,7 +215,8 @@ def why_text(done: dict[str, Trace] | None = None) -> str:
             width = int(np.median([len(e.checks) for e in verify])) + 1
             per_pass = float(np.median([e.forward_s for e in verify]))
             base = float(np.median(one))
-            cost = (f"**Measured on this machine** ({ar.stats['device']}, {ar.stats['dtype']}, preset "
+            precision = ar.stats.get("precision", ar.stats["dtype"])
+            cost = (f"**Measured on this machine** ({ar.stats['device']}, {precision}, preset "
                     f"`{ar.stats['preset']}`, last run): one target pass over 1 token took {base * 1e3:.2f} ms "
                     f"(median of {len(one)}), a verify pass over about {width} tokens {per_pass * 1e3:.2f} ms "
                     f"(median of {len(verify)}): **{per_pass / base:.2f}×** one token's pass for up to {width} "
@@ -271,10 +273,11 @@ def greedy_note(done: dict[str, Trace]) -> str:
     ar, spec = done.get("autoregressive"), done.get("speculative")
     if ar is None or spec is None or ar.config["temperature"] != 0:
         return ""
-    dtype = spec.stats["dtype"]
+    dtype = spec.stats.get("precision", spec.stats["dtype"])
     if ar.token_ids == spec.token_ids:
         return f" Greedy check: speculative output equals the autoregressive output token for token ({dtype})."
     first = next((i for i, (a, b) in enumerate(zip(ar.token_ids, spec.token_ids, strict=False)) if a != b),
                  min(len(ar.token_ids), len(spec.token_ids)))
-    expected = "rounding differs in half precision" if dtype != "float32" else "unexpected in float32: a bug"
+    exact = dtype in ("float32", *EXACT)
+    expected = f"unexpected in {dtype}: a bug" if exact else "rounding differs in half precision"
     return f" Greedy check: the outputs differ from token {first + 1} on ({dtype}: {expected})."

@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BUNDLE = ["app.py", "requirements.txt", "README.md", ".gitattributes", "explorer/*.py", "explorer/decoding/*.py",
           "explorer/families/*.py", "explorer/app/*.py", "explorer/app/text/*.md", "explorer/measure/*.py",
           "explorer/engine/*.py",  # the CLI imports it; the Engine tab itself is hidden on a Space
+          "explorer/precision/*.py", "explorer/precision/*.cpp", "explorer/precision/*.h",
           "assets/style.css",
           "assets/prompts/*", "assets/models/tiny/**", "assets/models/smollm2-135m/**",
           "docs/screenshot.png"]
@@ -64,6 +65,10 @@ def preset_choices(cuda: bool | None = None) -> tuple[list[str], str | None]:
 
     cuda = torch.cuda.is_available() if cuda is None else cuda
     shown = [name for name, p in PRESETS.items() if p.kind != "gemma-random" and (cuda or p.kind not in GPU_KINDS)]
+    # a preset that runs an exact reduced precision on a CPU by default is offered in torch's float32 too, under its
+    # own name, so the Measure tab never pools the two
+    shown = [shown_name for name in shown for shown_name in
+             ([name, f"{name}@float32"] if PRESETS[name].exact_on_cpu and not cuda else [name])]
     hidden = [name for name, p in PRESETS.items() if p.kind in GPU_KINDS and not cuda]
     note = f"GPU presets hidden (no CUDA GPU on this host): {', '.join(hidden)}" if hidden else None
     return shown, note

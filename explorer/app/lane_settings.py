@@ -16,6 +16,7 @@ from explorer.decoding.config import DEFAULT_CACHE, METHODS, DecodeConfig, valid
 from explorer.decoding.drafters import available_drafters
 from explorer.errors import ExplorerError
 from explorer.models import DEFAULT_PRESET, PRESETS, Models
+from explorer.precision import EXACT, parse_preset
 
 TOKENS_PER_STEP = (1, 2, 4, 8)  # diffusion: N/K, so K follows N
 BLOCKS = (1, 2, 4, 8)  # diffusion: N / block length, so the block length follows N
@@ -90,7 +91,7 @@ SETTING_NAMES = [f.name for f in fields(Settings)]
 
 def preset_settings(name: str = DEFAULT_PRESET) -> Settings:
     """The controls' starting values for a preset: its drafter and γ, and its diffusion steps and blocks."""
-    p = PRESETS[name]
+    p = PRESETS[parse_preset(name)[0]]  # "smollm2-135m@float32": the preset's own settings
     return Settings(drafter=p.drafter, gamma=p.gamma, tokens_per_step=p.diffusion_tokens_per_step,
                     blocks=p.diffusion_blocks)
 
@@ -139,8 +140,12 @@ def describe_models(models: Models) -> str:
     diffusion_dtype = model_dtype(models.diffusion, models.dtype)  # the target's dtype when there is none
     if diffusion_dtype != models.dtype:
         dtypes += f" (diffusion model {str(diffusion_dtype).replace('torch.', '')})"
+    precision = ""
+    if models.precision is not None:
+        exact = "exact: each verify row bit-identical to a one-token pass" if models.precision in EXACT else "torch's"
+        precision = f", target precision **{models.precision}** ({exact})"
     return (f"**Preset `{models.preset.name}`** — {models.preset.description}  \n"
-            f"Device **{models.device}**, dtype **{dtypes}**, batch size 1. "
+            f"Device **{models.device}**, dtype **{dtypes}**{precision}, batch size 1. "
             f"Models: {names}.  \nWeights: {mem}{share}.")
 
 

@@ -96,6 +96,14 @@ def model_dtype(model: Any, default: torch.dtype) -> torch.dtype:
     return param.dtype if param is not None else default
 
 
+def precision_of(method: str, models: Models) -> str:
+    """The precision a lane ran in: the target's (explorer/precision) or, on the dtype path, its model's dtype."""
+    if method != "diffusion" and models.precision is not None:
+        return models.precision
+    return str(model_dtype(models.diffusion if method == "diffusion" else models.target, models.dtype)).replace(
+        "torch.", "")
+
+
 def build_trace(method: str, models: Models, prompt: str, prompt_ids: list[int], prompt_format: str,
                 cfg: DecodeConfig, events: list[Event], result: DecodeResult) -> Trace:
     """The decoder's DecodeResult and events -> the Trace every view and measurement reads."""
@@ -109,6 +117,7 @@ def build_trace(method: str, models: Models, prompt: str, prompt_ids: list[int],
         "device": str(models.device),
         "dtype": str(model_dtype(models.diffusion if method == "diffusion" else models.target, models.dtype))
         .replace("torch.", ""),
+        "precision": precision_of(method, models),
         "batch_size": 1,
         "prompt_tokens": len(prompt_ids),
         "prompt_format": prompt_format,

@@ -12,13 +12,17 @@ import typing
 
 from explorer.decoding.config import OPTION_HELP, DecodeConfig
 from explorer.models import DEFAULT_PRESET
+from explorer.precision import PRECISIONS
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    """--preset, --device, --dtype: which models ``explorer.load_models`` loads, and where."""
+    """--preset, --device, --dtype, --precision: which models ``explorer.load_models`` loads, and where."""
     p.add_argument("--preset", default=DEFAULT_PRESET, help=f"model bundle (default: {DEFAULT_PRESET}; see README)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (CUDA when present)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the preset's)")
+    p.add_argument("--precision", default=None,
+                   help=f"the target's weights and kernels: {', '.join(PRECISIONS)} (float32 is torch's; the others "
+                        "keep greedy speculative == autoregressive; default: the preset's)")
 
 
 def option_flag(name: str) -> str:

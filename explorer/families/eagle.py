@@ -138,6 +138,8 @@ class EagleHead(nn.Module):
 
     def kept_logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """Logits over the kept tokens of a predicted feature (…, H) -> (…, K)."""
+        if "head_linear" in self.shared:  # an exact precision put the kept rows on its kernels (explorer/precision)
+            return self.shared["head_linear"](predicted)
         return predicted @ self.shared["head"].T.to(predicted.dtype)
 
     def full_logits(self, predicted: torch.Tensor) -> torch.Tensor:

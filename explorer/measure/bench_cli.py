@@ -116,6 +116,7 @@ def machine_header(models: Models, sets: list[PromptSet], s: BenchSettings, part
         "device": str(models.device) + (f" ({torch.cuda.get_device_name(models.device)})"
                                         if models.device.type == "cuda" else ""),
         "dtype": str(models.dtype).replace("torch.", ""),
+        "precision": models.precision or str(models.dtype).replace("torch.", ""),
         "batch size": "1 (one request at a time)" + ("; the batch sweep times B = " + ", ".join(map(str, BATCHES))
                                                      if "batch" in parts else ""),
         "preset": models.preset.name,
@@ -149,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     load_at_start = load_average()
-    models = explorer.load_models(args.preset, device=args.device, dtype=args.dtype)
+    models = explorer.load_models(args.preset, device=args.device, dtype=args.dtype, precision=args.precision)
     check_models(models, methods if "bench" in parts else [], s)
     sections, frames, acceptance = [], {}, None
     for part in parts:

@@ -1,0 +1,99 @@
+"""Precision as a choice: how the target's weights are stored and whether its passes are row-invariant.
+
+| precision | weights | kernels | greedy speculative == greedy autoregressive |
+|---|---|---|---|
+| ``float32`` | float32 | torch's | in practice (torch's summation order varies with the rows of a pass) |
+| ``float32-exact`` | float32 | row-invariant (``rowinv.cpp``) | always |
+| ``bfloat16-weights`` | bfloat16 | row-invariant | always |
+| ``int8`` | int8, one scale per output channel | row-invariant | always |
+
+Activations and sums are float32 in every one. An exact precision converts the target only (the drafters
+keep their own precision: exactness needs the verifier consistent with itself, not with the drafter).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from explorer.errors import ExplorerError
+
+PRECISIONS = {"float32": None, "float32-exact": "float32", "bfloat16-weights": "bfloat16", "int8": "int8"}
+EXACT = tuple(p for p, fmt in PRECISIONS.items() if fmt is not None)
+# The fastest exact precision on a CPU (benchmarks/precision_speed.py): int8 weights read a quarter of the bytes.
+FASTEST_EXACT = "int8"
+
+
+def parse_preset(name: str) -> tuple[str, str | None]:
+    """'smollm2-135m@int8' -> ('smollm2-135m', 'int8'); a name without '@' has no precision."""
+    base, _, precision = name.partition("@")
+    return base, precision or None
+
+
+def resolve_precision(precision: str | None, device: torch.device, dtype: str | torch.dtype | None,
+                      exact_by_default: bool) -> str | None:
+    """The precision to apply (None: the dtype path, untouched). Unknown, CUDA or a conflict: ExplorerError."""
+    if precision is None:
+        if not exact_by_default or dtype is not None or device.type != "cpu":
+            return None
+        from explorer.precision import kernels
+
+        try:
+            kernels.load()
+        except kernels.KernelUnavailable as exc:
+            print(f"explorer: running float32, not the exact {FASTEST_EXACT} precision: {exc}", file=sys.stderr)
+            return None
+        return FASTEST_EXACT
+    if precision not in PRECISIONS:
+        raise ExplorerError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    if PRECISIONS[precision] is None:
+        if dtype is not None and dtype not in ("float32", "fp32", torch.float32):
+            raise ExplorerError(f"precision 'float32' contradicts dtype {dtype!r}; give one of them")
+        return precision
+    if device.type != "cpu":
+        raise ExplorerError(f"precision {precision!r} runs on a CPU only (its kernels are CPU kernels); "
+                            "on a GPU use dtype instead")
+    if dtype is not None:
+        raise ExplorerError(f"precision {precision!r} sets the weights' format itself; give no dtype with it")
+    from explorer.precision import kernels
+
+    try:
+        kernels.load()
+    except kernels.KernelUnavailable as exc:
+        raise ExplorerError(f"precision {precision!r} is not available on this machine: {exc}") from None
+    return precision
+
+
+def apply_precision(models, precision: str | None):
+    """Convert a bundle in place for an exact precision: the target (row-invariant) and an EAGLE head (the same
+    kernels, for speed: a drafter need not be row-invariant, its q is whatever it drew from). Nothing for float32
+    or the dtype path. Returns the bundle with ``precision`` set."""
+    fmt = PRECISIONS.get(precision) if precision else None
+    if fmt is None:
+        return models
+    from explorer.precision.exact import make_row_invariant, use_kernels_in_eagle_head
+
+    try:
+        make_row_invariant(models.target, fmt)
+    except ValueError as exc:
+        raise ExplorerError(f"precision {precision!r}: {exc}") from None
+    if models.assistant is not None and hasattr(models.assistant, "layer"):
+        use_kernels_in_eagle_head(models.assistant, fmt)
+    models.precision = precision
+    return models
+
+
+def converted_copy(models, precision: str):
+    """A float32 bundle at another precision without loading it again: the target and EAGLE head copied and
+    converted as ``load_models`` converts them, the other drafters shared (tests, benchmarks)."""
+    import copy
+    import dataclasses
+
+    if PRECISIONS[precision] is None:
+        return models
+    bundle = dataclasses.replace(models, target=copy.deepcopy(models.target),
+                                 assistant=copy.deepcopy(models.assistant))
+    if bundle.assistant is not None and hasattr(bundle.assistant, "attach"):
+        bundle.assistant.attach(bundle.target)  # share the copy's embedding, as loading does
+    return apply_precision(bundle, precision)

@@ -1,0 +1,187 @@
+"""Turn a Llama-family target into a row-invariant one: every linear layer and the attention run the
+kernels of ``rowinv.cpp``, whose reduction order does not depend on how many rows a pass has.
+
+Why: speculative verification runs the target over gamma + 1 rows at once, autoregressive decoding one
+row at a time. Greedy speculative decoding equals greedy autoregressive decoding only if row i of a k-row
+pass is bit for bit the one-row pass at that position; torch's CPU kernels choose their summation order by
+the number of rows (``benchmarks/row_invariance.py`` shows which), so in any precision that rounds an
+argmax tie differently the outputs part. Norms, rotary embeddings and elementwise ops are computed per row
+already (measured invariant); the linear layers (the LM head included) and attention are replaced here.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from explorer.precision import kernels
+
+ATTENTION = "rowinv"  # the name registered with transformers' AttentionInterface
+FORMATS = ("float32", "bfloat16", "int8")  # how the weights are stored; activations and sums are float32
+
+
+class RowInvariantLinear(nn.Module):
+    """Y = X W^T (no bias) through the row-invariant kernel; W in float32, bfloat16 or int8 + a scale per row."""
+
+    def __init__(self, weight: torch.Tensor, fmt: str):
+        super().__init__()
+        w = weight.detach().float()
+        self.fmt, self.in_features, self.out_features = fmt, w.shape[1], w.shape[0]
+        scale = None
+        if fmt == "int8":  # symmetric, one scale per output channel
+            scale = (w.abs().amax(1) / 127.0).clamp_min(1e-12)  # (N,)
+            w = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        elif fmt == "bfloat16":
+            w = w.to(torch.bfloat16)
+        self.register_buffer("weight", w.contiguous(), persistent=False)  # (N, K)
+        self.register_buffer("scale", scale, persistent=False)  # (N,) or None
+
+    def dequantized(self) -> torch.Tensor:
+        w = self.weight.float()
+        return w * self.scale[:, None] if self.scale is not None else w
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., K) -> (..., N)
+        if self.fmt == "int8":  # integer sums: each activation row rounded to 16-bit integers with its own scale
+            return kernels.load().linear_a16(x.float(), self.weight, self.scale)
+        return kernels.load().linear(x.float(), self.weight, self.scale)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features} -> {self.out_features}, weights {self.fmt}, row-invariant"
+
+
+def row_invariant_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0,
+                            **kwargs) -> tuple[torch.Tensor, None]:
+    """Causal attention, each query row over exactly its own keys (the transformers attention signature).
+
+    query (1, H, M, D); key, value (1, Hkv, L, D) with the M new positions last. Returns (1, M, H, D).
+    Only the plain causal case the decoders use: batch 1, no padding.
+    """
+    if query.shape[0] != 1 or (attention_mask is not None and attention_mask.dtype == torch.bool
+                               and attention_mask.ndim == 2 and not bool(attention_mask.all())):
+        raise ValueError("row-invariant attention supports batch 1 without padding only")
+    out = kernels.load().attend(query[0].float(), key[0].float(), value[0].float(), float(scaling))  # (M, H, D)
+    return out[None], None
+
+
+class FusedAttention(nn.Module):
+    """Llama attention with q, k and v in one kernel call (their weight rows stacked: each output element is the
+    same sum as unstacked) and the attention kernel called directly."""
+
+    def __init__(self, attn: nn.Module, fmt: str):
+        super().__init__()
+        config = attn.config
+        self.layer_idx, self.head_dim, self.scaling = attn.layer_idx, attn.head_dim, attn.scaling
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        for proj in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj):
+            if proj.bias is not None:
+                raise ValueError("row-invariant linear layers take no bias")
+        self.qkv = RowInvariantLinear(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]), fmt)
+        self.o_proj = RowInvariantLinear(attn.o_proj.weight, fmt)
+
+    def forward(self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
+                past_key_values=None, **kwargs) -> tuple[torch.Tensor, None]:
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        b, t, _ = hidden_states.shape
+        if b != 1:
+            raise ValueError("row-invariant attention supports batch 1 only")
+        d = self.head_dim
+        q, k, v = self.qkv(hidden_states).split([self.heads * d, self.kv_heads * d, self.kv_heads * d], -1)
+        q = q.view(b, t, self.heads, d).transpose(1, 2)  # (1, H, T, D)
+        k = k.view(b, t, self.kv_heads, d).transpose(1, 2)  # (1, Hkv, T, D)
+        v = v.view(b, t, self.kv_heads, d).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, *position_embeddings)
+        if past_key_values is not None:
+            k, v = past_key_values.update(k, v, self.layer_idx)
+        out, _ = row_invariant_attention(self, q, k, v, None, self.scaling)  # (1, T, H, D)
+        return self.o_proj(out.reshape(b, t, -1)), None
+
+
+class FusedMLP(nn.Module):
+    """SwiGLU with gate and up in one kernel call."""
+
+    def __init__(self, mlp: nn.Module, fmt: str):
+        super().__init__()
+        if any(p.bias is not None for p in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)):
+            raise ValueError("row-invariant linear layers take no bias")
+        self.gate_up = RowInvariantLinear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), fmt)
+        self.down_proj = RowInvariantLinear(mlp.down_proj.weight, fmt)
+        self.act = mlp.act_fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, -1)
+        return self.down_proj(self.act(gate) * up)
+
+
+class LeanLayer(nn.Module):
+    """A whole Llama decoder layer in two kernel calls, the KV cache appended between them (transformers'
+    ``Cache.update``): the same arithmetic as FusedAttention + FusedMLP row by row, in far fewer Python-level ops."""
+
+    def __init__(self, layer: nn.Module, attention: FusedAttention, mlp: FusedMLP):
+        super().__init__()
+        self.attention, self.mlp = attention, mlp
+        self.input_norm, self.post_norm = layer.input_layernorm.weight.detach().float(), \
+            layer.post_attention_layernorm.weight.detach().float()
+        self.eps = float(layer.input_layernorm.variance_epsilon)
+
+    def forward(self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
+                past_key_values=None, **kwargs) -> torch.Tensor:  # (1, M, hidden) -> (1, M, hidden)
+        if hidden_states.shape[0] != 1:
+            raise ValueError("row-invariant decoding supports batch 1 only")
+        ext, a, m = kernels.load(), self.attention, self.mlp
+        cos, sin = position_embeddings
+        q, k, v = ext.pre_attention(hidden_states, self.input_norm, self.eps, a.qkv.weight, a.qkv.scale, cos, sin,
+                                    a.heads, a.kv_heads)  # (1, H, M, D), (1, Hkv, M, D) x 2
+        if past_key_values is not None:
+            k, v = past_key_values.update(k, v, a.layer_idx)
+        return ext.post_attention(hidden_states, q, k, v, float(a.scaling), a.o_proj.weight, a.o_proj.scale,
+                                  self.post_norm, self.eps, m.gate_up.weight, m.gate_up.scale, m.down_proj.weight,
+                                  m.down_proj.scale)
+
+
+def register_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION, row_invariant_attention)
+
+
+def make_row_invariant(model: nn.Module, fmt: str, lean: bool = True) -> nn.Module:
+    """Replace, in place, every linear layer of a causal Llama-family model (its decoder layers and LM head)
+    with a RowInvariantLinear in ``fmt``, and route its attention through ``row_invariant_attention``; with
+    ``lean`` each decoder layer becomes a LeanLayer (two kernel calls)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown weight format {fmt!r}")
+    if not hasattr(model, "model") or not hasattr(model.model, "layers"):
+        raise ValueError("row-invariant decoding needs a Llama-family model (model.layers)")
+    if any(getattr(layer.self_attn, "is_causal", True) is False for layer in model.model.layers):
+        raise ValueError("row-invariant attention is causal; this model is bidirectional")
+    kernels.load()
+    register_attention()
+    lean = lean and getattr(model.config, "hidden_act", "silu") == "silu"  # LeanLayer's MLP is SwiGLU
+    for i, layer in enumerate(model.model.layers):
+        layer.self_attn = FusedAttention(layer.self_attn, fmt)
+        layer.mlp = FusedMLP(layer.mlp, fmt)
+        if lean:
+            model.model.layers[i] = LeanLayer(layer, layer.self_attn, layer.mlp)
+    head = model.get_output_embeddings()
+    model.lm_head = RowInvariantLinear(head.weight, fmt)  # untied: the input embedding stays float32
+    model.config.tie_word_embeddings = False
+    model.config._attn_implementation = ATTENTION
+    for module in model.modules():
+        if hasattr(module, "config") and module.config is not model.config:
+            module.config._attn_implementation = ATTENTION
+    return model
+
+
+def use_kernels_in_eagle_head(head: nn.Module, fmt: str) -> nn.Module:
+    """An EAGLE head (families/eagle.py) with its input projection, layer and kept LM-head rows on the kernels."""
+    head.fc = RowInvariantLinear(head.fc.weight, fmt)
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
+        setattr(head.layer, name, RowInvariantLinear(getattr(head.layer, name).weight, fmt))
+    head.shared["head_linear"] = RowInvariantLinear(head.shared["head"], fmt)
+    return head
+
+
+def is_row_invariant(model: nn.Module) -> bool:
+    return isinstance(getattr(model, "lm_head", None), RowInvariantLinear)

