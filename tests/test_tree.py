@@ -258,3 +258,16 @@ def test_the_audit_checks_a_tree(random_models, monkeypatch, broken):
     result = run_audit(random_models, "def parse(line):", samples=400, temperature=1.0, top_k=4, tree="3,2")
     assert result.status == ("FAIL" if broken else "PASS"), result.verdict
     assert any("tree 3,2" in note for note in result.notes)
+
+
+def test_a_tree_at_an_exact_precision_is_refused_in_one_line():
+    """The exact precisions' kernels attend causally, so a tree's mask would be ignored (measured: greedy tree
+    output then differs from autoregressive); trees run in float32 only, and say so."""
+    from explorer.precision import kernels
+
+    if not kernels.available():
+        pytest.skip("the row-invariant kernel is not built on this machine")
+    models = explorer.load_models("tiny", precision="int8")
+    with pytest.raises(ExplorerError, match="float32 only") as info:
+        explorer.decode("speculative", models, "def parse(line):", tree="2,2", max_new_tokens=8)
+    assert "\n" not in str(info.value) and "tiny@float32" in str(info.value)

@@ -187,6 +187,10 @@ def make_tree_drafter(models: Models, cfg: DecodeConfig) -> TreeDrafter:
     if "sliding_attention" in (getattr(text, "layer_types", None) or ()) or getattr(text, "use_sliding_window", False):
         raise ExplorerError(f"the target of preset {models.preset.name!r} has sliding-window attention layers; "
                             "token trees need a target with full attention in every layer (use a chain)")
+    if models.precision not in (None, "float32"):  # the row-invariant kernels attend causally: no tree mask
+        raise ExplorerError(f"token trees run in float32 only; the {models.precision} precision's row-invariant "
+                            f"kernels attend causally and would ignore the tree's mask (use "
+                            f"'{models.preset.name}@float32' or --precision float32)")
     chain = make_drafter(models, cfg)
     if not isinstance(chain, ModelDrafter):  # EAGLE's head, Gemma's assistant: chains only for now
         raise ExplorerError(f"the {chain.name} drafter of preset {models.preset.name!r} cannot branch; trees "
