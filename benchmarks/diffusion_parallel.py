@@ -1,0 +1,118 @@
+"""Does the diffusion partner commit several tokens per pass, and at what quality? Two adapters side by side.
+
+    python benchmarks/diffusion_parallel.py [--new DIR] [--old assets/models/smollm2-135m/diffusion] [--limit 12]
+        [--tokens 64] [--block 8] [--thresholds 0.9,0.7] [--threads 1] [--samples]
+
+On held-out chat prompts (topics no training prompt mentions), each adapter decodes at N = ``--tokens`` with
+blocks of ``--block``: at K = N (one position a pass) and with Fast-dLLM threshold decoding at each threshold
+(every position above it revealed, at least one), greedy; adapters interleaved per prompt. The decode stops once
+the answer has ended, so "tokens per pass" is the answer's tokens (to its end-of-turn) over the denoiser passes
+actually made. Quality at T = 1 (threshold 0.9): generative perplexity under the target, token entropy and distinct
+3-grams of the diffusion samples next to the target's own T = 1 samples on the same prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import explorer  # noqa: E402
+from explorer.families.diffusion_adapter import load_diffusion_adapter  # noqa: E402
+from explorer.measure.workload import score_quality  # noqa: E402
+from explorer.training.prompts import chat_prompts  # noqa: E402
+
+
+def heldout(limit: int) -> list[str]:
+    rows = chat_prompts("heldout")
+    python = [r["prompt"] for r in rows if r["kind"] == "python"]
+    general = [r["prompt"] for r in rows if r["kind"] == "general"]
+    return [p for pair in zip(general, python, strict=False) for p in pair][:limit]
+
+
+def distinct_3grams(tokens: list[int]) -> float:
+    grams = [tuple(tokens[i:i + 3]) for i in range(len(tokens) - 2)]
+    return len(set(grams)) / len(grams) if grams else float("nan")
+
+
+def adapter(models, folder: Path):
+    model = load_diffusion_adapter(folder, models.target, torch.float32)
+    if next(models.diffusion.parameters()).dtype == torch.bfloat16:
+        model.to(torch.bfloat16)  # the preset's rule on this CPU: the diffusion model in bf16
+    return dataclasses.replace(models, diffusion=model.eval().requires_grad_(False))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--old", type=Path, default=Path("assets/models/smollm2-135m/diffusion"))
+    ap.add_argument("--new", type=Path, default=None, help="an exported adapter folder to compare with --old")
+    ap.add_argument("--limit", type=int, default=12)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--block", type=int, default=8)
+    ap.add_argument("--thresholds", default="0.9,0.7")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--samples", action="store_true", help="print each adapter's T = 1 outputs")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    base = explorer.load_models("smollm2-135m@float32")  # the adapters need the float32 target to merge into
+    bundles = {"old": adapter(base, args.old)}
+    if args.new is not None:
+        bundles["new"] = adapter(base, args.new)
+    prompts = heldout(args.limit)
+    n, b = args.tokens, args.block
+    configs = [("K = N", {"steps": n})] + [(f"threshold {t}", {"steps": n, "threshold": float(t)})
+                                           for t in args.thresholds.split(",")]
+    stats = {(name, label): {"tokens": 0, "passes": 0, "per_pass": [], "s": 0.0} for name in bundles
+             for label, _ in configs}
+    quality = {name: {"ppl": [], "ent": [], "dist": []} for name in [*bundles, "target T=1"]}
+    samples = {name: [] for name in quality}
+    for i, prompt in enumerate(prompts):
+        for label, options in configs:
+            for name, models in bundles.items():  # interleaved per prompt
+                trace = explorer.decode("diffusion", models, prompt, max_new_tokens=n, block_length=b, **options)
+                st = stats[(name, label)]
+                st["tokens"] += len(trace.token_ids)
+                st["passes"] += trace.stats["target_forward_passes"]
+                st["per_pass"].append(len(trace.token_ids) / max(1, trace.stats["target_forward_passes"]))
+                st["s"] += trace.stats["wall_s"]
+        runs = {name: explorer.decode("diffusion", models, prompt, max_new_tokens=n, block_length=b, steps=n,
+                                      threshold=0.9, temperature=1.0, seed=i) for name, models in bundles.items()}
+        runs["target T=1"] = explorer.decode("autoregressive", base, prompt, max_new_tokens=n, temperature=1.0,
+                                             seed=i)
+        for name, trace in runs.items():
+            q = score_quality(base, trace)
+            quality[name]["ppl"].append(q["perplexity"])
+            quality[name]["ent"].append(q["token_entropy_bits"])
+            quality[name]["dist"].append(distinct_3grams(trace.token_ids))
+            samples[name].append(trace.text)
+        print(f"prompt {i + 1}/{len(prompts)} done", file=sys.stderr)
+    print(f"\n## Diffusion at N = {n}, blocks of {b}, greedy, {len(prompts)} held-out prompts, "
+          f"{args.threads} thread(s); the decode stops at the answer's end")
+    print("| adapter | schedule | answer tokens / denoiser pass (pooled) | per prompt, median [min, max] | "
+          "passes per answer | seconds per answer |")
+    print("|---|---|---|---|---|---|")
+    for (name, label), st in stats.items():
+        pp = st["per_pass"]
+        print(f"| {name} | {label} | {st['tokens'] / max(1, st['passes']):.2f} | {statistics.median(pp):.2f} "
+              f"[{min(pp):.2f}, {max(pp):.2f}] | {st['passes'] / len(prompts):.1f} | {st['s'] / len(prompts):.2f} |")
+    print(f"\n## Quality at T = 1 (diffusion with threshold 0.9), N = {n}: medians over {len(prompts)} prompts")
+    print("| sampler | perplexity under the target | token entropy (bits) | distinct 3-grams |")
+    print("|---|---|---|---|")
+    for name, q in quality.items():
+        print(f"| {name} | {statistics.median(q['ppl']):.1f} | {statistics.median(q['ent']):.2f} | "
+              f"{statistics.median(q['dist']):.2f} |")
+    if args.samples:
+        for name, texts in samples.items():
+            print(f"\n### {name}")
+            for t in texts:
+                print("-", t.replace("\n", " ")[:300])
+
+
+if __name__ == "__main__":
+    main()
