@@ -1,0 +1,124 @@
+"""The explorer beside the engines a CPU user would pick, on the same GGUF and the same prompts.
+
+    bash scripts/peer_venv.sh        # once: llama-cpp-python built from source in its own venv (~10 min, one core)
+    python benchmarks/peer_speed.py [--limit 6] [--tokens 64] [--threads 1,2] [--precisions int8,float32]
+
+For each thread count, on held-out chat prompts (chat template applied, greedy, ``--tokens`` new tokens, prefill
+included in the time), interleaved per prompt: llama.cpp (llama-cpp-python over SmolLM2-135M-Instruct.Q4_1.gguf,
+the file the default preset dequantizes), the explorer's autoregressive decoder at each precision, and
+transformers' ``generate`` on the float32 target. llama.cpp runs in a worker process of the benchmark venv
+(``~/.cache/decoding-explorer/bench-venv``; it is not a dependency of the app) that answers JSON lines.
+Prints tokens/s (new tokens over wall time, median over prompts) and each engine's time per token over llama.cpp's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import explorer  # noqa: E402
+from explorer.decoding.api import encode_prompt  # noqa: E402
+from explorer.measure.bench_cli import cpu_name  # noqa: E402
+from explorer.models import smollm2_gguf_path  # noqa: E402
+from explorer.training.prompts import chat_prompts  # noqa: E402
+
+BENCH_PY = Path(os.environ.get("EXPLORER_BENCH_VENV", Path.home() / ".cache/decoding-explorer/bench-venv")) / \
+    "bin" / "python"
+WORKER = r"""
+import json, sys, time
+from llama_cpp import Llama
+gguf, threads = sys.argv[1], [int(t) for t in sys.argv[2].split(",")]
+models = {t: Llama(model_path=gguf, n_threads=t, n_threads_batch=t, n_ctx=1024, verbose=False) for t in threads}
+print(json.dumps({"ready": True}), flush=True)
+for line in sys.stdin:
+    job = json.loads(line)
+    llm = models[job["threads"]]
+    llm.reset()
+    start = time.perf_counter()
+    out = llm.create_completion(job["ids"], max_tokens=job["tokens"], temperature=0.0, top_k=1)
+    seconds = time.perf_counter() - start
+    print(json.dumps({"seconds": seconds, "new_tokens": out["usage"]["completion_tokens"],
+                      "text": out["choices"][0]["text"]}), flush=True)
+"""
+
+
+def heldout(limit: int) -> list[str]:
+    rows = chat_prompts("heldout")
+    python = [r["prompt"] for r in rows if r["kind"] == "python"]
+    general = [r["prompt"] for r in rows if r["kind"] == "general"]
+    return [p for pair in zip(general, python, strict=False) for p in pair][:limit]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--limit", type=int, default=6)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--precisions", default="int8,float32")
+    args = ap.parse_args()
+    if not BENCH_PY.exists():
+        raise SystemExit(f"error: no benchmark venv at {BENCH_PY.parent.parent}; run bash scripts/peer_venv.sh")
+    threads = [int(t) for t in args.threads.split(",")]
+    bundles = {p: explorer.load_models(f"smollm2-135m@{p}") for p in args.precisions.split(",")}
+    fp32 = bundles.get("float32") or explorer.load_models("smollm2-135m@float32")
+    worker = subprocess.Popen([str(BENCH_PY), "-c", WORKER, str(smollm2_gguf_path()), args.threads],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert json.loads(worker.stdout.readline())["ready"]
+
+    def llama(ids: list[int], t: int) -> tuple[float, int]:
+        worker.stdin.write(json.dumps({"ids": ids, "threads": t, "tokens": args.tokens}) + "\n")
+        worker.stdin.flush()
+        r = json.loads(worker.stdout.readline())
+        return r["seconds"], r["new_tokens"]
+
+    def explorer_ar(models, prompt: str) -> tuple[float, int]:
+        trace = explorer.decode("autoregressive", models, prompt, max_new_tokens=args.tokens)
+        return trace.stats["wall_s"], len(trace.token_ids)
+
+    def generate(ids: list[int]) -> tuple[float, int]:
+        x = torch.tensor([ids])
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = fp32.target.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=args.tokens,
+                                       do_sample=False, pad_token_id=fp32.tokenizer.pad_token_id)
+        return time.perf_counter() - start, out.shape[1] - x.shape[1]
+
+    prompts = heldout(args.limit)
+    engines = ["llama.cpp Q4_1"] + [f"explorer AR {p}" for p in bundles] + ["transformers generate float32"]
+    rows = {(e, t): [] for e in engines for t in threads}
+    for t in threads:
+        torch.set_num_threads(t)
+        for i, prompt in enumerate([prompts[0]] + prompts):  # the first prompt once more, as a warm-up
+            ids = list(encode_prompt(fp32.tokenizer, prompt, True)[0])
+            results = {"llama.cpp Q4_1": llama(ids, t), "transformers generate float32": generate(ids)}
+            for p, models in bundles.items():
+                results[f"explorer AR {p}"] = explorer_ar(models, prompt)
+            if i > 0:
+                for e, (s, n) in results.items():
+                    rows[(e, t)].append((s, n))
+            print(f"threads {t}: prompt {i}/{len(prompts)}", file=sys.stderr)
+    worker.stdin.close()
+    worker.wait(timeout=60)
+    print(f"\n## Peer speed on {cpu_name()}, {len(prompts)} held-out chat prompts, {args.tokens} new tokens, greedy, "
+          "prefill included, interleaved per prompt")
+    print("| engine | threads | tokens/s (median over prompts) | time per token / llama.cpp's |")
+    print("|---|---|---|---|")
+    for t in threads:
+        base = statistics.median(n / s for s, n in rows[("llama.cpp Q4_1", t)])
+        for e in engines:
+            tps = statistics.median(n / s for s, n in rows[(e, t)])
+            print(f"| {e} | {t} | {tps:.1f} | {base / tps:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
