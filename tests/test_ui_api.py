@@ -260,3 +260,17 @@ def test_the_drafter_gamma_and_diffusion_controls_follow_the_preset():
                                                                    preset.diffusion_blocks)
     info, drafter, *_ = lane_settings.describe_preset("tiny", progress=None)
     assert "assistant" not in drafter["choices"]
+
+
+def test_the_tree_control_runs_a_token_tree_in_the_speculative_lane(client, random_models):
+    """The sidebar's token-tree box reaches the decoder: the lane draws the tree and its tokens are the tree
+    decode's (greedy: also the autoregressive lane's)."""
+    tree = tuple(dataclasses.replace(BASE, max_new_tokens=8, tree="2,2").as_inputs())
+    job = client.submit(PROMPT, "random-tiny", ["autoregressive", "speculative"], *tree, 1.0, api_name="/run")
+    final = job.result(timeout=120)
+    frames = [out[0] for out in job.outputs() if out and isinstance(out[0], str)]
+    assert any('class="tree"' in f for f in frames)
+    expected = explorer.decode("speculative", random_models, PROMPT, max_new_tokens=8, seed=0, gamma=4,
+                               drafter="model", tree="2,2")
+    assert final[RESULT]["speculative"]["token_ids"] == expected.token_ids == \
+        final[RESULT]["autoregressive"]["token_ids"]

@@ -54,6 +54,7 @@ class Settings:
     threshold: float = 0.0
     cache: str = DEFAULT_CACHE  # diffusion KV cache (and the diffusion drafter's)
     flags: tuple[str, ...] = tuple(name for name in FLAG_FIELDS if getattr(DecodeConfig, name))
+    tree: str = ""  # speculative: a token tree ("3,2,1", "dynamic:16"); empty: a chain
 
     @classmethod
     def from_values(cls, values: list[Any] | tuple[Any, ...]) -> Settings:
@@ -77,6 +78,8 @@ class Settings:
         options.update({name: name in self.flags for name in FLAG_FIELDS})
         if method == "speculative":
             options.update(gamma=int(self.gamma), drafter=self.drafter, adaptive_gamma=bool(self.adaptive_gamma))
+            if (self.tree or "").strip():
+                options["tree"] = self.tree.strip()
             if self.drafter == "diffusion":
                 options.update(cache=self.cache)
         if method == "diffusion":

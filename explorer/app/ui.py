@@ -158,6 +158,9 @@ def _build_settings(c: Controls, default_preset: str) -> list[Any]:
     drafter = gr.Radio(list(DRAFTERS), value=d.drafter, label="drafter")
     gamma = gr.Slider(1, 16, value=d.gamma, step=1, label="γ (drafts per step)", elem_id="gamma")
     adaptive = gr.Checkbox(d.adaptive_gamma, label="adaptive γ (+2 after a full acceptance, −1 after a rejection)")
+    tree = gr.Textbox(d.tree, label="token tree (empty: a chain of γ)", placeholder="3,2,1 or dynamic:16",
+                      info="branching per depth, or EAGLE-2's dynamic tree of N nodes; drafters model and early_exit, "
+                           "float32 presets", elem_id="tree")
     gr.Markdown("**Diffusion** (K and the block length follow N)")
     per_step = gr.Radio([(f"N/{r}" if r > 1 else "N (one token a pass)", r) for r in TOKENS_PER_STEP],
                         value=d.tokens_per_step, label="steps K (tokens revealed per pass = N/K)",
@@ -174,7 +177,7 @@ def _build_settings(c: Controls, default_preset: str) -> list[Any]:
         control.change(plan_text, [max_new, per_step, blocks], plan, api_visibility="undocumented",
                        show_progress="hidden", queue=False)
     return [max_new, temperature, top_p, seed, drafter, gamma, adaptive, per_step, blocks, remasking, threshold, cache,
-            flags]
+            flags, tree]
 
 
 def plan_text(max_new_tokens: int, tokens_per_step: int, blocks: int) -> str:
