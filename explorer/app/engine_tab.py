@@ -261,6 +261,15 @@ def _num(value: Any, fmt: str = "{:.0f}") -> str:
     return fmt.format(value) if math.isfinite(value) else "–"
 
 
+def batch_cell(row: dict[str, Any]) -> str:
+    """The batch the engine ran: the most token streams that overlapped in time (from the stream's own stamps,
+    ``bench.max_streaming``), with the polled vllm:num_requests_running gauge's mean beside it."""
+    streams = row.get("max_streaming")
+    gauge = _num(row.get("mean_running"), "{:.1f}")
+    return f"{int(streams)} (gauge {gauge})" if isinstance(streams, (int, float)) and streams == streams else \
+        f"gauge {gauge}"
+
+
 def workload_table(rows: list[dict[str, Any]], running: set[tuple[str, int]] = frozenset()) -> pd.DataFrame:
     """The summary rows as a compact table of strings; a running config's row covers its finished requests."""
     out = []
@@ -275,7 +284,7 @@ def workload_table(rows: list[dict[str, Any]], running: set[tuple[str, int]] = f
                     "n": r["requests"], "errors": r["errors"], "tok/s": _num(r["throughput_tok_s"], "{:.1f}"),
                     "e2e p50": _num(r["e2e_p50_ms"]), "e2e p99": _num(r["e2e_p99_ms"]),
                     "ITL p50": _num(r["itl_p50_ms"], "{:.1f}"), "ITL p99": _num(r["itl_p99_ms"], "{:.1f}"),
-                    "TTFT p99": _num(r["ttft_p99_ms"]), "batch": _num(r["mean_running"], "{:.1f}"),
+                    "TTFT p99": _num(r["ttft_p99_ms"]), "batch": batch_cell(r),
                     "tok/step": _num(r["tokens_per_chunk_inferred"], "{:.2f}"), "acceptance": acceptance,
                     "gain": _num(r.get("speedup_throughput"), "{:.2f}×")})
     return pd.DataFrame(out, columns=TABLE_COLUMNS)
@@ -312,7 +321,8 @@ def build_engine_tab(demo: gr.Blocks, speed: Any) -> None:
         with gr.Row():
             plots += [gr.Plot(figures[name], label=name, elem_classes=["explorer-plot"], elem_id=f"engine-{name}")
                       for name in pair]
-    table = gr.Dataframe(workload_table([]), label="Per server and concurrency: latencies in ms; tok/step inferred "
+    table = gr.Dataframe(workload_table([]), label="Per server and concurrency: latencies in ms; batch = the most "
+                         "token streams that overlapped (the polled gauge's mean beside it); tok/step inferred "
                          "from the stream, acceptance from /metrics; a running row covers its finished requests",
                          interactive=False, wrap=True, elem_id="engine-table",
                          column_widths=["15%", "4%", "7%", "4%", "6%", "6%", "6%", "6%", "6%", "6%", "6%", "6%", "7%",
