@@ -24,21 +24,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import explorer  # noqa: E402
+from benchmarks.smollm2_card import distinct_ngram_ratio, heldout  # noqa: E402  (the same held-out prompts)
 from explorer.families.diffusion_adapter import load_diffusion_adapter  # noqa: E402
 from explorer.measure.workload import score_quality  # noqa: E402
-from explorer.training.prompts import chat_prompts  # noqa: E402
-
-
-def heldout(limit: int) -> list[str]:
-    rows = chat_prompts("heldout")
-    python = [r["prompt"] for r in rows if r["kind"] == "python"]
-    general = [r["prompt"] for r in rows if r["kind"] == "general"]
-    return [p for pair in zip(general, python, strict=False) for p in pair][:limit]
-
-
-def distinct_3grams(tokens: list[int]) -> float:
-    grams = [tuple(tokens[i:i + 3]) for i in range(len(tokens) - 2)]
-    return len(set(grams)) / len(grams) if grams else float("nan")
 
 
 def adapter(models, folder: Path):
@@ -89,7 +77,7 @@ def main() -> None:
             q = score_quality(base, trace)
             quality[name]["ppl"].append(q["perplexity"])
             quality[name]["ent"].append(q["token_entropy_bits"])
-            quality[name]["dist"].append(distinct_3grams(trace.token_ids))
+            quality[name]["dist"].append(distinct_ngram_ratio(trace.token_ids))
             samples[name].append(trace.text)
         print(f"prompt {i + 1}/{len(prompts)} done", file=sys.stderr)
     print(f"\n## Diffusion at N = {n}, blocks of {b}, greedy, {len(prompts)} held-out prompts, "

@@ -27,10 +27,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import explorer  # noqa: E402
+from benchmarks.smollm2_card import heldout  # noqa: E402  (the same held-out prompts)
 from explorer.decoding.api import encode_prompt  # noqa: E402
 from explorer.measure.bench_cli import cpu_name  # noqa: E402
 from explorer.models import smollm2_gguf_path  # noqa: E402
-from explorer.training.prompts import chat_prompts  # noqa: E402
 
 BENCH_PY = Path(os.environ.get("EXPLORER_BENCH_VENV", Path.home() / ".cache/decoding-explorer/bench-venv")) / \
     "bin" / "python"
@@ -50,13 +50,6 @@ for line in sys.stdin:
     print(json.dumps({"seconds": seconds, "new_tokens": out["usage"]["completion_tokens"],
                       "text": out["choices"][0]["text"]}), flush=True)
 """
-
-
-def heldout(limit: int) -> list[str]:
-    rows = chat_prompts("heldout")
-    python = [r["prompt"] for r in rows if r["kind"] == "python"]
-    general = [r["prompt"] for r in rows if r["kind"] == "general"]
-    return [p for pair in zip(general, python, strict=False) for p in pair][:limit]
 
 
 def main() -> None:
