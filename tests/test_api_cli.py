@@ -117,7 +117,7 @@ def load_hub_recording(monkeypatch, name, hub_ids):
             return models_mod.build_random_llama(260, 8, 1, seed=0)
         return from_pretrained
 
-    monkeypatch.setattr(models_mod, "_require_network", lambda model_id: None)
+    monkeypatch.setattr(models_mod, "require_network", lambda model_id: None)
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", loader("tokenizer"))
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", loader("causal"))
     monkeypatch.setattr(transformers.AutoModel, "from_pretrained", loader("model"))

@@ -1,4 +1,4 @@
-"""The EAGLE head (explorer/families/eagle.py): a drafter that reads the target's final hidden states.
+"""The EAGLE head (explorer/families/eagle/head.py): a drafter that reads the target's final hidden states.
 
 References: the training forward (EAGLE-3's training-time test) against the drafting loop run step
 by step; greedy speculative decoding against autoregressive decoding; a chi-square test of tokens 2
@@ -12,7 +12,7 @@ import torch
 from references import np_warp
 
 import explorer
-from explorer.decoding import speculative
+from explorer.decoding import acceptance, speculative
 from explorer.decoding.config import DecodeConfig
 from explorer.decoding.drafters import available_drafters, make_drafter
 from explorer.decoding.events import Proposal, Verification
@@ -184,7 +184,7 @@ def test_speculative_sampling_with_a_trimmed_eagle_head_is_exact(trimmed):
 
 def test_negative_control_accepting_every_draft_fails(trimmed, monkeypatch):
     """Keeping every drafted token (no rejection) gives the head's distribution, not the target's."""
-    monkeypatch.setattr(speculative, "acceptance_probability", lambda p, q: 1.0)
+    monkeypatch.setattr(acceptance, "acceptance_probability", lambda p, q: 1.0)
     prompt = [1, 2, 3]
     assert chi_square_p(sample_tokens_2_3(trimmed, prompt)[0], joint_tokens_2_3(trimmed, prompt)) < 1e-3
 

@@ -22,7 +22,7 @@ def bundle(tmp_path_factory):
 def test_bundle_builds_and_passes_its_checks(bundle):
     folder, listing = bundle
     assert hosting.check_bundle(folder) == []
-    for needed in ["app.py", "requirements.txt", "README.md", ".gitattributes", "explorer/families/gemma.py",
+    for needed in ["app.py", "requirements.txt", "README.md", ".gitattributes", "explorer/families/gemma/load.py",
                    "explorer/app/ui.py", "assets/style.css"]:
         assert needed in listing
     page_text = sorted(f"explorer/app/text/{p.name}" for p in (hosting.ROOT / "explorer" / "app" / "text").glob("*.md"))
@@ -100,23 +100,24 @@ def test_gpu_preset_without_cuda_fails_at_once_with_one_line(monkeypatch, preset
 
 def test_smollm2_without_the_wheel_falls_back_to_the_hub(monkeypatch):
     from explorer import models as models_mod
+    from explorer.families.smollm2 import load as smollm2_load
 
     def no_wheel():
         raise explorer.ExplorerError("no wheel")
 
-    monkeypatch.setattr(models_mod, "smollm2_gguf_path", no_wheel)
+    monkeypatch.setattr(smollm2_load, "smollm2_gguf_path", no_wheel)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(explorer.ExplorerError, match="SmolLM2-135M-Instruct is not in the local cache"):
-        models_mod._load_gguf(models_mod.PRESETS["smollm2-135m"], torch.device("cpu"), torch.float32)
+        smollm2_load.load_smollm2(models_mod.PRESETS["smollm2-135m"], torch.device("cpu"), torch.float32)
     calls = []
-    monkeypatch.setattr(models_mod, "_require_network", lambda model_id: None)
+    monkeypatch.setattr(smollm2_load, "require_network", lambda model_id: None)
     import transformers
 
     for cls in (transformers.AutoTokenizer, transformers.AutoModelForCausalLM):
         monkeypatch.setattr(cls, "from_pretrained", classmethod(lambda c, *a, **k: calls.append((a, k)) or _Stop()))
     with pytest.raises(AttributeError):  # the fake model stops the load once from_pretrained was asked
-        models_mod._load_gguf(models_mod.PRESETS["smollm2-135m"], torch.device("cpu"), torch.float32)
-    assert calls and all(a[0] == models_mod.SMOLLM2_HUB_ID and "gguf_file" not in k and not k.get(
+        smollm2_load.load_smollm2(models_mod.PRESETS["smollm2-135m"], torch.device("cpu"), torch.float32)
+    assert calls and all(a[0] == smollm2_load.SMOLLM2_HUB_ID and "gguf_file" not in k and not k.get(
         "trust_remote_code") for a, k in calls)
 
 

@@ -15,9 +15,9 @@ import torch
 from references import np_warp
 
 import explorer
-from explorer.decoding import speculative
+from explorer.decoding import acceptance
 from explorer.errors import ExplorerError
-from explorer.families.trimmed_draft import TrimmedHeadDraft, load_trimmed_draft, save_trimmed_draft
+from explorer.families.smollm2.trimmed_draft import TrimmedHeadDraft, load_trimmed_draft, save_trimmed_draft
 from explorer.models import SMOLLM2_DIR, Models, Preset, build_byte_tokenizer, build_random_llama
 from tests.test_speculative_exact import chi_square_p, sample_two_tokens
 
@@ -75,14 +75,14 @@ def test_speculative_sampling_with_a_trimmed_draft_is_exact(trimmed_models):
 
 def test_negative_control_residual_restricted_to_the_kept_set_fails(trimmed_models, monkeypatch):
     """A naive trimmed sampler that draws the correction only among the draft's tokens is biased."""
-    real = speculative.residual_distribution
+    real = acceptance.residual_distribution
 
     def kept_only(p, q):
         mask = torch.zeros_like(p)
         mask[KEPT] = 1
         return real(p * mask, q)
 
-    monkeypatch.setattr(speculative, "residual_distribution", kept_only)
+    monkeypatch.setattr(acceptance, "residual_distribution", kept_only)
     prompt = [1, 2, 3]
     assert chi_square_p(sample_joint(trimmed_models, prompt), exact_joint(trimmed_models, prompt)) < 1e-3
 
@@ -128,8 +128,8 @@ def mini_work(tmp_path_factory):
 
 
 def test_miniature_training_of_both_recipes_exports_files_that_load_and_decode(mini_work, monkeypatch):
-    from explorer.families.diffusion_adapter import load_diffusion_adapter
     from explorer.families.eagle import load_eagle_head
+    from explorer.families.smollm2.diffusion_adapter import load_diffusion_adapter
     from explorer.training.smollm2 import common, data, diffusion, draft, eagle, export
 
     monkeypatch.setattr(common, "HELDOUT_PROMPTS", 2)

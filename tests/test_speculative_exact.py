@@ -15,7 +15,7 @@ from references import np_warp
 from scipy import stats
 
 import explorer
-from explorer.decoding import speculative
+from explorer.decoding import acceptance, speculative
 from explorer.decoding.config import DecodeConfig
 from explorer.models import Models, Preset, build_random_llama
 
@@ -164,7 +164,7 @@ def test_speculative_sampling_matches_exact_target_distribution(small_vocab_mode
 
 def test_negative_control_without_residual_distribution_fails(small_vocab_models, monkeypatch):
     """Sampling from p instead of norm(max(0, p - q)) after a rejection is biased: the test must see it."""
-    monkeypatch.setattr(speculative, "residual_distribution", lambda p, q: p)
+    monkeypatch.setattr(acceptance, "residual_distribution", lambda p, q: p)
     prompt_ids = [1, 2, 3]
     joint = exact_two_token_distribution(small_vocab_models, prompt_ids)
     counts = sample_two_tokens(small_vocab_models, prompt_ids)

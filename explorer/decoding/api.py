@@ -14,7 +14,7 @@ from explorer.decoding.diffusion import decode_diffusion
 from explorer.decoding.events import DecodeResult, Event, Trace
 from explorer.decoding.speculative import decode_speculative
 from explorer.errors import ExplorerError
-from explorer.models import Models
+from explorer.runtime import Models
 
 DECODERS = {"autoregressive": decode_autoregressive, "speculative": decode_speculative,
             "diffusion": decode_diffusion}

@@ -11,7 +11,7 @@ from transformers import DynamicCache
 from explorer.decoding.config import DecodeConfig
 from explorer.decoding.events import DecodeResult, Event, TokenStep
 from explorer.decoding.sampling import make_generator, sample, warp_logits
-from explorer.models import Models, timed_forward
+from explorer.runtime import Models, timed_forward
 
 
 def decode_autoregressive(models: Models, prompt_ids: list[int],

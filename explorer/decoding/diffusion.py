@@ -29,10 +29,10 @@ from transformers import DynamicCache
 
 from explorer.decoding.config import DEFAULT_CACHE, DecodeConfig
 from explorer.decoding.events import DecodeResult, Event, RefinementStep
+from explorer.decoding.registry import diffusion_sampler
 from explorer.decoding.sampling import make_generator, sanitize_logits, warp_logits
 from explorer.errors import ExplorerError
-from explorer.families.gemma import decode_diffusion_gemma, is_diffusion_gemma
-from explorer.models import Models, timed_forward
+from explorer.runtime import Models, timed_forward
 
 
 def reveal_schedule(masked: int, steps: int) -> list[int]:
@@ -144,8 +144,9 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig, r
     t0 = time.perf_counter()
     if models.diffusion is None:
         raise ExplorerError(f"preset {models.preset.name!r} has no diffusion model")
-    if is_diffusion_gemma(models.diffusion):  # block diffusion with its own sampler (explorer/families/gemma.py)
-        return (yield from decode_diffusion_gemma(models, prompt_ids, cfg))
+    own = diffusion_sampler(models.diffusion)  # a family's own sampler (Gemma's block diffusion), by registration
+    if own is not None:
+        return (yield from own.decode(models, prompt_ids, cfg))
     mask_id = models.mask_token_id
     if mask_id is None:
         raise ExplorerError("the diffusion model's tokenizer has no mask token")

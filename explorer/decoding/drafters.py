@@ -1,7 +1,7 @@
 """The drafters behind one small interface, the ``Drafter`` protocol that ``make_drafter`` returns.
 
 Here: a small model or the target's first layers (``ModelDrafter``), prompt lookup, the diffusion
-model; in their own modules: EAGLE's feature drafter (eagle.py) and Gemma's assistant (gemma.py).
+model; in their families' folders, found through registry.py: EAGLE's feature drafter and Gemma's assistant.
 A deterministic drafter (prompt lookup) returns one-hot rows: exactness still holds.
 """
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -17,47 +16,11 @@ from transformers import DynamicCache
 
 from explorer.decoding.config import DRAFTERS, DecodeConfig
 from explorer.decoding.diffusion import denoise, resolve_cache, reveal_schedule, takes_kv_cache
+from explorer.decoding.draft import Draft, Drafter
+from explorer.decoding.registry import family_drafter, offers_assistant
 from explorer.decoding.sampling import sample, warp_logits
 from explorer.errors import ExplorerError
-from explorer.families.eagle import is_eagle, make_feature_drafter
-from explorer.families.gemma import is_assistant, make_assistant_drafter
-from explorer.models import Models, check_same_vocabulary, timed_forward
-
-
-@dataclass
-class Draft:
-    """One proposal: g drafted tokens and, row by row, the distribution each was drawn from."""
-
-    tokens: list[int]  # (g,), g <= gamma: fewer after an EOS, or none when there is nothing to propose
-    q: torch.Tensor | None  # (g, V) float32, q[i] the warped distribution tokens[i] was drawn from; None when g = 0
-    forward_s: float = 0.0  # synchronized wall time of the draft forward passes
-    passes: int = 0  # draft forward passes made
-    # A refining drafter may report its passes one by one: (tokens shown, their q, seconds) per pass.
-    stages: list[tuple[tuple[int, ...], tuple[float, ...], float]] = field(default_factory=list)
-
-
-@runtime_checkable
-class Drafter(Protocol):
-    """What speculative decoding needs from a drafter (as transformers' ``CandidateGenerator``).
-
-    Exactness rests on one rule: ``Draft.q[i]`` is exactly the distribution ``Draft.tokens[i]``
-    was drawn from, given the tokens before it, warped with ``cfg`` as the target's p is.
-    """
-
-    name: str  # shown in Proposal events
-
-    def propose(self, tokens: list[int], gamma: int, cfg: DecodeConfig, gen: torch.Generator) -> Draft:
-        """``tokens``: the whole sequence so far (prompt + output, length T); draw up to ``gamma`` more with ``gen``."""
-        ...
-
-    def rollback(self, keep: int) -> None:
-        """Only ``tokens[:keep]`` survived verification: drop any state (a KV cache) past position ``keep``."""
-        ...
-
-    @property
-    def cache_len(self) -> int | None:
-        """Positions in the drafter's KV cache (shown in Verification events); None without one."""
-        ...
+from explorer.runtime import Models, check_same_vocabulary, timed_forward
 
 
 @dataclass
@@ -253,17 +216,20 @@ def available_drafters(models: Models) -> list[str]:
     """The drafters this bundle can run (what the UI offers and the bench sweeps)."""
     usable = {"model": models.draft is not None, "diffusion": models.diffusion is not None
               and same_tokenizer(models.tokenizer, models.diffusion_tokenizer) and models.mask_token_id is not None,
-              "assistant": is_eagle(models.assistant) or is_assistant(models.draft)}
+              "assistant": offers_assistant(models)}
     return [d for d in DRAFTERS if usable.get(d, True)]
 
 
 def make_drafter(models: Models, cfg: DecodeConfig) -> Drafter:
     """The drafter ``cfg.drafter`` names, built on ``models``; ExplorerError when the preset cannot run it."""
     eos = models.tokenizer.eos_token_id
-    if cfg.drafter == "assistant" and is_eagle(models.assistant):
-        return make_feature_drafter(models)
-    if cfg.drafter == "assistant" or (cfg.drafter == "model" and is_assistant(models.draft)):
-        return make_assistant_drafter(models)
+    family = family_drafter(models, cfg)  # a model family's own drafter (explorer/families), by registration
+    if family is not None:
+        return family.make(models)
+    if cfg.drafter == "assistant":
+        raise ExplorerError(f"preset {models.preset.name!r} has no drafter that reads the target's hidden "
+                            "states (a Gemma 4 assistant or an EAGLE head); drafter 'assistant' needs one "
+                            "(presets 'smollm2-135m', 'gemma-4')")
     if cfg.drafter == "model":
         if models.draft is None:
             raise ExplorerError(f"preset {models.preset.name!r} has no draft model; use drafter "

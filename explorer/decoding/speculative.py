@@ -16,46 +16,21 @@ from collections.abc import Generator, Iterator
 import torch
 from transformers import DynamicCache
 
+from explorer.decoding.acceptance import (  # noqa: F401  (verify_drafts and the rule: imported from here too)
+    acceptance_probability,
+    cut_emitted,
+    residual_distribution,
+    verify_drafts,
+)
 from explorer.decoding.config import DecodeConfig, parse_tree
-from explorer.decoding.drafters import Draft, crop_cache, make_drafter
-from explorer.decoding.events import DecodeResult, DraftCheck, Event, Proposal, Verification
-from explorer.decoding.sampling import make_generator, sample, uniform, warp_logits
-from explorer.models import Models, timed_forward
+from explorer.decoding.draft import Draft
+from explorer.decoding.drafters import crop_cache, make_drafter
+from explorer.decoding.events import DecodeResult, Event, Proposal, Verification
+from explorer.decoding.sampling import make_generator, warp_logits
+from explorer.decoding.speculative_tree import decode_speculative_tree
+from explorer.runtime import Models, timed_forward
 
 MAX_ADAPTIVE_GAMMA = 16
-
-
-def acceptance_probability(p_x: float, q_x: float) -> float:
-    """min(1, p/q), guarding q = 0 (a token the draft could not have drawn)."""
-    if q_x <= 0:
-        return 1.0 if p_x > 0 else 0.0
-    return min(1.0, p_x / q_x)
-
-
-def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """norm(max(0, p - q)); when it is all zero (p == q numerically) fall back to p."""
-    residual = torch.clamp(p - q, min=0)
-    total = residual.sum()
-    return residual / total if total > 0 else p
-
-
-def verify_drafts(p: torch.Tensor, q: torch.Tensor | None, drafted: list[int],
-                  gen: torch.Generator) -> tuple[int, list[DraftCheck], int, bool]:
-    """p: (g+1, V) target distributions, q: (g, V) draft distributions (None when g = 0).
-
-    Returns (accepted count, checks, the target-drawn token, whether that token is a bonus).
-    """
-    checks = []
-    for i, token in enumerate(drafted):
-        # Accept draft x_i with probability min(1, p_i(x_i) / q_i(x_i)) ...
-        p_x, q_x = float(p[i, token]), float(q[i, token])
-        ratio = acceptance_probability(p_x, q_x)
-        accepted = ratio >= 1.0 or (ratio > 0.0 and uniform(gen) < ratio)
-        checks.append(DraftCheck(position=i, token=token, p=p_x, q=q_x, accept_prob=ratio, accepted=accepted))
-        if not accepted:  # ... on the first rejection draw the replacement from norm(max(0, p_i - q_i)) ...
-            return i, checks, sample(residual_distribution(p[i], q[i]), gen), False
-    # ... and when all g were accepted draw a bonus token from p_g, the target's next distribution.
-    return len(drafted), checks, sample(p[len(drafted)], gen), True
 
 
 def next_gamma(gamma: int, all_accepted: bool, cfg: DecodeConfig) -> int:
@@ -75,7 +50,6 @@ def decode_speculative(models: Models, prompt_ids: list[int],
     verifies a token tree instead (``speculative_tree``).
     """
     if parse_tree(cfg.tree) is not None:
-        from explorer.decoding.speculative_tree import decode_speculative_tree  # it builds on this module
 
         return (yield from decode_speculative_tree(models, prompt_ids, cfg))
     result = DecodeResult(t0=time.perf_counter())
@@ -102,7 +76,7 @@ def decode_speculative(models: Models, prompt_ids: list[int],
         p = warp_logits(logits[0], cfg.temperature, cfg.top_k, cfg.top_p)  # (g+1, V)
         accepted, checks, drawn, is_bonus = verify_drafts(p, draft.q if drafted else None, drafted, gen)
         # 3. keep the accepted drafts and the target-drawn token; roll both caches back to what was kept
-        emitted = _cut(drafted[:accepted] + [drawn], eos, remaining)
+        emitted = cut_emitted(drafted[:accepted] + [drawn], eos, remaining)
         keep = len(tokens) + accepted  # tokens before this step + accepted drafts
         crop_cache(cache, keep)
         drafter.rollback(keep)
@@ -137,10 +111,3 @@ def _proposals(draft: Draft, step: int, drafter: str, gamma: int) -> Iterator[Pr
     yield Proposal(t=time.perf_counter(), step=step, drafter=drafter, gamma=gamma, tokens=tuple(draft.tokens),
                    q=q_drafted, forward_s=draft.stages[-1][2] if draft.stages else draft.forward_s,
                    draft_passes=1 if draft.stages else draft.passes)
-
-
-def _cut(emitted: list[int], eos: int | None, remaining: int) -> list[int]:
-    """Nothing after an EOS, nothing past max_new_tokens."""
-    if eos is not None and eos in emitted:
-        emitted = emitted[: emitted.index(eos) + 1]
-    return emitted[:remaining]

@@ -22,11 +22,11 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from explorer.decoding.acceptance import cut_emitted
 from explorer.decoding.config import DecodeConfig, TreeShape, parse_tree
 from explorer.decoding.drafters import ModelDrafter, make_drafter
 from explorer.decoding.events import DecodeResult, Event, Proposal, Verification
 from explorer.decoding.sampling import make_generator, sample, warp_logits
-from explorer.decoding.speculative import _cut
 from explorer.decoding.tree import (
     DraftTree,
     additive_mask,
@@ -37,7 +37,7 @@ from explorer.decoding.tree import (
     verify_tree,
 )
 from explorer.errors import ExplorerError
-from explorer.models import Models, timed_forward
+from explorer.runtime import Models, timed_forward
 
 
 @dataclass
@@ -233,7 +233,7 @@ def decode_speculative_tree(models: Models, prompt_ids: list[int],
                                    position_ids=positions)
         p = warp_logits(logits[0], cfg.temperature, cfg.top_k, cfg.top_p)  # (n + 1, V): root, then each node
         path, checks, drawn, is_bonus = verify_tree(p, tree, gen)
-        emitted = _cut([tree.tokens[i] for i in path] + [drawn], eos, remaining)
+        emitted = cut_emitted([tree.tokens[i] for i in path] + [drawn], eos, remaining)
         select_cache(cache, list(range(past + len(fed))) + [past + len(fed) + i for i in path])
         drafter.rollback_tree(len(tokens), path)
         tokens += emitted

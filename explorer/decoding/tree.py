@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from explorer.decoding.acceptance import acceptance_probability, residual_distribution  # one rule for chains too
 from explorer.decoding.events import DraftCheck
 from explorer.decoding.sampling import sample, uniform
-from explorer.decoding.speculative import acceptance_probability, residual_distribution  # one rule for chains too
 
 
 @dataclass

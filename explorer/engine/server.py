@@ -123,7 +123,7 @@ def _prepare_smollm2(target_dir: Path, draft_dir: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from explorer.families.trimmed_draft import load_trimmed_draft
+    from explorer.families.smollm2.trimmed_draft import load_trimmed_draft
     from explorer.models import smollm2_gguf_path
 
     path = smollm2_gguf_path()

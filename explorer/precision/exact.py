@@ -175,7 +175,7 @@ def make_row_invariant(model: nn.Module, fmt: str, lean: bool = True) -> nn.Modu
 
 
 def use_kernels_in_eagle_head(head: nn.Module, fmt: str) -> nn.Module:
-    """An EAGLE head (families/eagle.py) with its input projection, layer and kept LM-head rows on the kernels."""
+    """An EAGLE head (families/eagle/head.py) with its input projection, layer and kept LM-head rows on the kernels."""
     head.fc = RowInvariantLinear(head.fc.weight, fmt)
     for name in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
         setattr(head.layer, name, RowInvariantLinear(getattr(head.layer, name).weight, fmt))

@@ -18,7 +18,7 @@ resumes from there; ``export`` writes the shipped artefacts. Nothing is download
                 frequent answer tokens (FR-Spec, Zhao et al. 2025), trained by cross-entropy against
                 the teacher's top-k distribution (forward KL up to a constant) at every answer
                 position. Outside the kept set q = 0, so exact speculative sampling still holds
-                (``explorer.families.trimmed_draft``).
+                (``explorer.families.smollm2.trimmed_draft``).
 2b. eagle    -- an EAGLE head (``explorer.families.eagle``): one decoder layer over [embedding of the next
                 token ; the target's feature] that predicts the next feature, read by the target's own
                 LM head cut to the ``keep_vocab`` most frequent tokens. Trained with EAGLE-3's

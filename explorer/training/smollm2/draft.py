@@ -63,7 +63,7 @@ def build_draft(target, kept_ids: torch.Tensor, layers: int):
     """The target's first ``layers`` layers, its final norm and its head rows for the kept tokens."""
     import copy
 
-    from explorer.families.trimmed_draft import TrimmedHeadDraft
+    from explorer.families.smollm2.trimmed_draft import TrimmedHeadDraft
 
     config = copy.deepcopy(target.config)
     config.num_hidden_layers = layers
@@ -161,7 +161,7 @@ def train_draft(work: Path, budget_min: float, layers: int = 4, keep_vocab: int 
             raise ExplorerError(f"{ckpt_path} holds a {ckpt['layers']}-layer draft; pass --layers {ckpt['layers']} "
                                 "or move it away")
     elif init_from is not None:
-        from explorer.families.trimmed_draft import load_trimmed_draft
+        from explorer.families.smollm2.trimmed_draft import load_trimmed_draft
 
         init = load_trimmed_draft(init_from, target, torch.float32)
         kept_ids, state, layers = init.kept_ids.clone(), None, init.config.num_hidden_layers

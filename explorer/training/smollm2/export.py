@@ -22,7 +22,7 @@ def export(work: Path, out: Path | None = None) -> dict:
     from safetensors.torch import save_file
 
     from explorer.families.eagle import build_eagle_head, save_eagle_head
-    from explorer.families.trimmed_draft import save_trimmed_draft
+    from explorer.families.smollm2.trimmed_draft import save_trimmed_draft
 
     out = (out or ASSET_DIR).expanduser()
     target, tok = load_target(work)

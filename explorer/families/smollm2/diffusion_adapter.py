@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from explorer.errors import ExplorerError
+from explorer.runtime import make_bidirectional
 
 FILES = ("diffusion_config.json", "adapter_config.json", "adapter_model.safetensors", "mask_embedding.safetensors")
 
@@ -30,7 +31,6 @@ def load_diffusion_adapter(path: Path, base: nn.Module, dtype: torch.dtype) -> n
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from explorer.models import make_bidirectional
 
     for name in FILES:
         if not (path / name).exists():

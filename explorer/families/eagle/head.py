@@ -36,8 +36,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from explorer.decoding.config import DecodeConfig
+from explorer.decoding.draft import Draft
 from explorer.decoding.sampling import sample, warp_logits
 from explorer.errors import ExplorerError
+from explorer.runtime import synchronize
 
 
 class RMSNorm(nn.Module):
@@ -249,7 +251,7 @@ def load_eagle_head(path: Path, target: nn.Module, dtype: torch.dtype) -> EagleH
     """Load a saved head next to its target; a missing, corrupt or mismatched file names the file."""
     from transformers import LlamaConfig
 
-    from explorer.families.trimmed_draft import read_draft_files
+    from explorer.families.smollm2.trimmed_draft import read_draft_files
 
     raw, state, weights_file = read_draft_files(path)
     config = LlamaConfig(**raw)
@@ -293,9 +295,6 @@ class FeatureDrafter:
     hooks: list = field(default_factory=list)
 
     def propose(self, tokens: list[int], gamma: int, cfg: DecodeConfig, gen: torch.Generator):
-        from explorer.decoding.drafters import Draft
-        from explorer.models import synchronize
-
         self._absorb(len(tokens) - 1)  # features of every position but the last token's
         self._arm()
         if self.known == 0 or gamma < 1:

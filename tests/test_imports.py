@@ -1,0 +1,101 @@
+"""No module of ``explorer`` imports another in a circle, function-level imports included (issue 25).
+
+The graph is read from the source (``ast``), so a deferred ``import`` inside a function counts like one at the
+top: it is a cycle all the same, only hidden. An import that points into ``explorer`` is an edge; one to a
+package (``explorer.app``) points at its ``__init__``. A module that imports its own package's ``__init__``
+does not count (a package re-exporting its modules is not a knot in the layers).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "explorer"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported(tree: ast.AST, name: str, is_package: bool) -> set[str]:
+    """Every explorer module a module's source names in an import, at any depth."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against this module's package
+                base = name.split(".") if is_package else name.split(".")[:-1]
+                base = base[:len(base) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            out.add(mod)
+            out |= {f"{mod}.{a.name}" for a in node.names}  # ``from pkg import module``
+    return {m for m in out if m == "explorer" or m.startswith("explorer.")}
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in files.items():
+        targets = imported(ast.parse(path.read_text()), name, path.name == "__init__.py")
+        own_packages = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+        graph[name] = {t for t in targets if t in files and t != name and t not in own_packages}
+    return graph
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle_in_explorer():
+    cycles = find_cycles(import_graph())
+    assert not cycles, "modules importing each other in a circle: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_cycle_finder_sees_a_cycle_through_a_deferred_import():
+    """Negative control: a function-level import that closes a circle is found."""
+    a = ast.parse("from explorer.b import x\n")
+    b = ast.parse("def f():\n    from explorer.a import y\n")
+    graph = {"explorer.a": imported(a, "explorer.a", False), "explorer.b": imported(b, "explorer.b", False)}
+    graph = {k: {t for t in v if t in graph} for k, v in graph.items()}
+    assert find_cycles(graph) == [["explorer.a", "explorer.b"]]
+    assert find_cycles({"explorer.a": {"explorer.b"}, "explorer.b": set()}) == []
+
+
+def test_every_module_is_under_400_lines():
+    long = {str(p.relative_to(ROOT)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) >= 400}
+    assert not long, f"modules of 400 lines or more: {long}"
