@@ -13,7 +13,8 @@ LAYERS = [
     ("families", ["families"]),
     ("models", ["models", "precision"]),
     ("api", ["decoding.api", "decoding.flags", "__init__"]),
-    ("measure and views", ["measure", "app.render", "app.tree_view", "app.byte_chips", "app.plots", "engine"]),
+    ("measure and views", ["measure", "app.render", "app.tree_view", "app.byte_chips", "app.diffusion_view",
+                           "app.plots", "engine"]),
     ("app", ["app", "measure.loadtest"]),
     ("entry points", ["cli", "__main__", "train", "training", "engine.commands"]),
 ]

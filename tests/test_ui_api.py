@@ -145,6 +145,9 @@ def test_replay_steps_through_the_finished_traces(random_models):
     assert typed.count('data-status="done"') == 3
     html, back = playback.replay_step(current, at, backwards=True)
     assert back < at
+    # Step pressed before a live run's last frame is in (no finished run yet): the lanes and scrubber stay as they are
+    assert all(out == gr.skip() for out in playback.replay_step(None, 2500.0, backwards=True))
+    assert playback.replay_at(None, 2500.0) == gr.skip()
     frames = list(playback.replay_play(current, 0.0, speed=1))
     assert frames[-1][0].count('data-status="done"') == 3
     files = measure_tab.export_traces(list(traces.values()))

@@ -26,6 +26,7 @@ import pandas as pd
 
 from explorer.app.engine_compare import compare_frame, compare_one
 from explorer.app.page import STYLE, read_text
+from explorer.app.turns import DECODES
 from explorer.engine.allow import EnginePolicy, exposure, policy_for
 from explorer.engine.bench import (
     ConfigResult,
@@ -357,7 +358,8 @@ def _wire(demo: gr.Blocks, run: gr.Button, stop: gr.Button, one_run: gr.Button, 
 
     def engine_compare(url: str, prompt: str, max_tokens: int, temperature: float, chat: bool, speed: float,
                        request: gr.Request) -> Iterator[tuple[str, str]]:
-        yield from compare_one(url, prompt, max_tokens, temperature, chat, speed, tab_policy(demo, request))
+        with DECODES.held("engine comparison"):  # it decodes the explorer's side too
+            yield from compare_one(url, prompt, max_tokens, temperature, chat, speed, tab_policy(demo, request))
 
     run.click(engine_workload, workload_in, workload_out, api_name="engine_workload", show_progress="hidden",
               concurrency_id="engine", concurrency_limit=1)

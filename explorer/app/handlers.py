@@ -11,7 +11,7 @@ import gradio as gr
 import numpy as np
 import pandas as pd
 
-from explorer.app import hosting, live_plots, plots, render, runs
+from explorer.app import hosting, live_plots, plots, render, runs, turns
 from explorer.app.hosting import gpu
 from explorer.app.lane_settings import Settings, check_inputs, describe_models, lane_tokenizer, load_preset
 from explorer.app.page import read_text
@@ -27,8 +27,10 @@ from explorer.app.playback import (
     replay_frame,
     speed_words,
 )
+from explorer.app.turns import DECODES
 from explorer.decoding.config import METHODS
 from explorer.decoding.events import TokenStep, Trace, Verification
+from explorer.measure.metrics import noise_flag
 from explorer.models import Models
 from explorer.precision import EXACT
 
@@ -49,10 +51,21 @@ def _out(**values: Any) -> tuple:
     return tuple(values.get(name, gr.skip()) for name in RUN_OUTPUTS)
 
 
-@gpu(hosting.run_duration)
 def run_lanes(prompt: str, preset: str, lanes: list[str], settings: Settings, speed: float,
               history: list[Trace] | None, past_runs: list[dict] | None = None) -> Iterator[tuple]:
-    """Decode every lane alone, then play them together on one clock with live plots; end with tables."""
+    """Wait for the decoder (one decode at a time for every tab), saying how many are ahead; then decode every
+    lane alone, play them together on one clock with live plots, and end with tables (``_run_lanes``)."""
+    chosen = tuple(m for m in METHODS if m in (lanes or []))
+    with DECODES.ticket("run") as ticket:
+        while not DECODES.take(ticket, timeout=turns.POLL_S):
+            words = DECODES.words(ticket)
+            yield _out(frame=initial_frame(chosen, settings, f"{words[0].upper()}{words[1:]}.", note=words))
+        yield from _run_lanes(prompt, preset, lanes, settings, speed, history, past_runs)
+
+
+@gpu(hosting.run_duration)
+def _run_lanes(prompt: str, preset: str, lanes: list[str], settings: Settings, speed: float,
+               history: list[Trace] | None, past_runs: list[dict] | None = None) -> Iterator[tuple]:
     chosen = tuple(m for m in METHODS if m in (lanes or []))
     if chosen:  # at once: the lanes say what they wait for (a preset loads in seconds the first time)
         yield _out(frame=initial_frame(chosen, settings, f"Preparing preset {preset} (loaded and warmed up the first "
@@ -221,6 +234,8 @@ def why_text(done: dict[str, Trace] | None = None) -> str:
                     f"(median of {len(one)}), a verify pass over about {width} tokens {per_pass * 1e3:.2f} ms "
                     f"(median of {len(verify)}): **{per_pass / base:.2f}×** one token's pass for up to {width} "
                     "tokens. On a CPU the extra tokens cost real arithmetic, so the gain is smaller than on a GPU.")
+            noisy = noise_flag(one[1:], [e.forward_s for e in verify if e.step > 0])  # past the prefills
+            cost += f" **{noisy}**: this ratio is not to be trusted." if noisy else ""
     return read_text("why.md").replace("{{pass_cost}}", cost)
 
 

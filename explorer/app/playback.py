@@ -234,19 +234,21 @@ def replay_play(current: dict[str, Any] | None, at_ms: float, speed: float) -> I
                                                                                       + 0.1, 2)
 
 
-def replay_step(current: dict[str, Any] | None, at_ms: float, backwards: bool = False) -> tuple[str, float]:
-    """Jump to the next (or previous) event of any lane."""
+def replay_step(current: dict[str, Any] | None, at_ms: float, backwards: bool = False) -> tuple[Any, Any]:
+    """Jump to the next (or previous) event of any lane. With no finished run yet (a live run still going, its
+    last frame not in) nothing changes: the lanes are not wiped and the scrubber is not sent back to 0."""
     if not current or not current.get("traces"):
-        return initial_frame(), 0.0
+        return gr.skip(), gr.skip()
     at = render.next_event_time(list(current["traces"].values()), float(at_ms or 0) / 1e3, backwards) * 1e3
     at = math.ceil(at * 100) / 100  # the scrubber's resolution (10 µs), rounded up so the event shows
     return replay_frame(current, at), at
 
 
-def replay_at(current: dict[str, Any] | None, at_ms: float | None) -> str:
-    """The frame at a time typed into the scrubber's box or dragged to (clamped to the run)."""
+def replay_at(current: dict[str, Any] | None, at_ms: float | None) -> Any:
+    """The frame at a time typed into the scrubber's box or dragged to (clamped to the run); no change without a
+    finished run (as ``replay_step``)."""
     if not current or not current.get("traces"):
-        return initial_frame()
+        return gr.skip()
     end_ms = max(t.stats["wall_s"] for t in current["traces"].values()) * 1e3
     at = min(max(0.0, float(at_ms or 0)), end_ms + 0.1)
     return replay_frame(current, at)

@@ -13,8 +13,14 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from explorer.decoding.events import RefinementStep, Trace, Verification
-from explorer.measure.metrics import inter_token_latencies, percentile, predicted_speedup, verification_frame
+from explorer.decoding.events import Proposal, RefinementStep, Trace, Verification
+from explorer.measure.metrics import (
+    inter_token_latencies,
+    noise_flag,
+    percentile,
+    predicted_speedup,
+    verification_frame,
+)
 
 METHOD_COLOURS = {"autoregressive": "#6b7280", "speculative": "#16a34a", "diffusion": "#0891b2"}
 PERCENTILE_COLOURS = {50: "#60a5fa", 95: "#f59e0b", 99: "#dc2626"}
@@ -161,6 +167,15 @@ def cost_ratio(trace: Trace) -> float:
     return (trace.stats["draft_forward_s"] / passes) / float(np.mean(verify))
 
 
+def cost_noise(trace: Trace) -> str:
+    """The noise flag of the passes c is timed from: the verify passes and the draft passes per pass, past the first
+    step (its verify pass is the prefill); "" when they are tight (``metrics.noise_flag``)."""
+    verify = [e.forward_s for e in trace.events if isinstance(e, Verification) and e.step > 0]
+    draft = [e.forward_s / e.draft_passes for e in trace.events
+             if isinstance(e, Proposal) and e.step > 0 and e.draft_passes and e.forward_s > 0]
+    return noise_flag(verify, draft)
+
+
 def alpha_estimate(trace: Trace) -> float:
     """Leviathan's α: the mean of min(1, p/q) over every verified draft."""
     probs = [c.accept_prob for e in trace.events if isinstance(e, Verification) for c in e.checks]
@@ -182,7 +197,7 @@ def break_even_figure(spec: Trace | None, reference: Trace | None = None,
     caption = setup_caption([t for t in (spec, reference) if t is not None], names)
     if spec is None:
         return empty_figure(title, caption, EMPTY["break_even"])
-    gamma, c = int(spec.stats["gamma"]), cost_ratio(spec)
+    gamma, c, noisy = int(spec.stats["gamma"]), cost_ratio(spec), cost_noise(spec)
     alphas = np.linspace(0, 0.995, 200)
     fig = go.Figure()
     for g in sorted(set(gammas) | {gamma}):
@@ -192,7 +207,8 @@ def break_even_figure(spec: Trace | None, reference: Trace | None = None,
                   annotation_position="top left")
     alpha = alpha_estimate(spec)
     if np.isfinite(alpha):
-        fig.add_scatter(x=[alpha], y=[predicted_speedup(alpha, gamma, c)], mode="markers", name="predicted at α̂",
+        fig.add_scatter(x=[alpha], y=[predicted_speedup(alpha, gamma, c)], mode="markers",
+                        name=f"predicted at α̂ ({noisy})" if noisy else "predicted at α̂",
                         marker={"size": 11, "symbol": "circle-open", "line": {"width": 2}, "color": "#111827"})
     if reference is not None and np.isfinite(alpha):
         fig.add_scatter(x=[alpha], y=[measured_speedup(spec, reference)], mode="markers", name="measured vs AR lane",
@@ -206,7 +222,9 @@ def break_even_figure(spec: Trace | None, reference: Trace | None = None,
         fig.update_layout(height=HEIGHT + 22 * len(earlier), margin={"b": 95 + 22 * len(earlier)})
     fig.update_xaxes(title="α = E[min(1, p/q)] (α̂: mean over verified drafts)", range=[0, 1])
     fig.update_yaxes(title="speedup over autoregressive", rangemode="tozero")
-    return style_figure(fig, f"Break-even (γ = {gamma}, measured cost ratio c = {c:.2f})", caption)
+    title = f"Break-even (γ = {gamma}, measured cost ratio c = {c:.2f})" + (f"<br>{noisy}" if noisy else "")
+    style_figure(fig, title, caption)
+    return fig.update_layout(margin={"t": 116}, height=fig.layout.height + 26) if noisy else fig
 
 
 # ----------------------------------------------------------------------------------------------

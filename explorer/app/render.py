@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from explorer.app import byte_chips
+from explorer.app.diffusion_view import diffusion_body, diffusion_canvas  # noqa: F401 (render.diffusion_canvas)
 from explorer.app.tree_view import is_tree, tree_step_html
 from explorer.decoding.events import Event, Proposal, RefinementStep, TokenStep, Trace, Verification
 
@@ -77,6 +77,7 @@ def token_piece(tokenizer: Any) -> Piece:
                 return bytes(BYTE_DECODER[ch] for ch in raw).decode("utf-8", errors="backslashreplace")
         return text
 
+    piece.end_id = getattr(tokenizer, "eos_token_id", None)  # the diffusion lane folds what follows it
     return piece
 
 
@@ -211,49 +212,8 @@ def _speculative_body(view: LaneView) -> str:
     return "".join(parts)
 
 
-def diffusion_canvas(events: Sequence[Event], size: int) -> list[tuple[int, float, int] | None]:
-    """Per output position: None while masked, else (token, confidence, step it was revealed at)."""
-    canvas: list[tuple[int, float, int] | None] = [None] * size
-    for e in events:
-        if isinstance(e, RefinementStep):
-            for pos, tok, conf in zip(e.positions, e.tokens, e.confidences, strict=True):
-                if 0 <= pos < size:
-                    canvas[pos] = (tok, conf, e.step)
-    return canvas
-
-
 def _diffusion_body(view: LaneView) -> str:
-    size = view.max_new_tokens
-    block = view.block_length or size
-    canvas = diffusion_canvas(view.events, size)
-    steps = [e for e in view.events if isinstance(e, RefinementStep)]
-    last_step = steps[-1].step if steps else None
-    joined = byte_chips.merged([view.piece(c[0]) if c else None for c in canvas], block)  # emoji: one chip
-    cells, inside = [], 0
-    for pos, cell in enumerate(canvas):
-        if pos % block == 0:
-            if pos:
-                cells.append("</div>")
-            cells.append(f'<div class="block" title="block {pos // block + 1}">'
-                         f'<span class="blocklabel">block {pos // block + 1}</span>')
-        if cell is None:
-            cells.append(f'<span class="tok mask" title="position {pos + 1}: [MASK]"></span>')
-            continue
-        if pos < inside:
-            continue  # a byte of the character shown at the run's start
-        tok, conf, step = cell
-        state = "new" if step == last_step else "revealed"
-        title = f"position {pos + 1} · revealed at step {step + 1} · confidence {conf:.3f}"
-        piece = view.piece(tok)
-        if pos in joined:
-            inside, piece = joined[pos]
-            group = canvas[pos:inside]
-            state = "new" if any(c[2] == last_step for c in group) else "revealed"
-            title = f"positions {pos + 1}-{inside}: one character over {inside - pos} byte tokens"
-        cells.append(_chip(piece, state, title, style=f"--conf:{max(0.0, min(1.0, conf)):.3f}"))
-    if canvas:
-        cells.append("</div>")
-    return f'<div class="canvas">{"".join(cells)}</div>'
+    return diffusion_body(view, _chip)
 
 
 # ----------------------------------------------------------------------------------------------

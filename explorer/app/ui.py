@@ -60,6 +60,7 @@ from explorer.app.page import (
 )
 from explorer.app.playback import LIVE, initial_frame, replay_at, replay_play, replay_step
 from explorer.app.runs import HISTORY_COLUMNS, HISTORY_WIDTHS, RUNS_LIMIT, compare_figure
+from explorer.app.turns import taking_turn
 from explorer.decoding.config import CACHES, DRAFTERS, METHODS, REMASKING
 from explorer.models import DEFAULT_PRESET
 
@@ -96,6 +97,7 @@ class Controls:
     run_table: Any = None
     result: Any = None
     figures: list[Any] = None  # in plots.FIGURE_KEYS order
+    break_even: Any = None  # beside the run table, not in the Plots tab
     plots_note: Any = None
     acceptance_note: Any = None
     why: Any = None
@@ -211,6 +213,10 @@ def _build_lanes(c: Controls) -> None:
     c.run_table = gr.Dataframe(pd.DataFrame(columns=RUN_TABLE_COLUMNS), elem_id="run-table", interactive=False,
                                label="This run, one row per lane (press Run to fill it)", wrap=True,
                                column_widths=RUN_TABLE_WIDTHS)
+    with gr.Row(equal_height=False, elem_id="break-even-row"):  # the run's speedup against its prediction
+        c.break_even = gr.Plot(plots.all_figures([], {})["break_even"], label="break even", scale=3, min_width=480,
+                               elem_classes=["explorer-plot"], elem_id="plot-break_even")
+        c.acceptance_note = gr.Markdown(acceptance_note(None), elem_id="acceptance-note", scale=2, min_width=280)
     with gr.Accordion(f"Run history: every run of this page (the last {RUNS_LIMIT}), to compare", open=True,
                       elem_id="history-panel"):
         c.runs_table = gr.Dataframe(pd.DataFrame(columns=HISTORY_COLUMNS), elem_id="run-history", interactive=False,
@@ -229,15 +235,13 @@ def _build_plots(c: Controls) -> None:
     c.plots_note = gr.Markdown("Plots appear as the lanes play: press Run.", elem_id="plots-note")
     empty = plots.all_figures([], {})
     c.figures = []
-    keys = list(plots.FIGURE_KEYS)
-    for left, right in zip(keys[::2], keys[1::2] + [None], strict=True):
+    keys = [k for k in plots.FIGURE_KEYS if k != "break_even"]  # that one sits beside the run table
+    for left, right in zip(keys[::2], keys[1::2], strict=True):
         with gr.Row():
             for key in (left, right):
-                if key is not None:
-                    c.figures.append(gr.Plot(empty[key], label=key.replace("_", " "), elem_classes=["explorer-plot"],
-                                             elem_id=f"plot-{key}"))
-            if right is None:
-                c.acceptance_note = gr.Markdown(acceptance_note(None), elem_id="acceptance-note")
+                c.figures.append(gr.Plot(empty[key], label=key.replace("_", " "), elem_classes=["explorer-plot"],
+                                         elem_id=f"plot-{key}"))
+    c.figures.insert(plots.FIGURE_KEYS.index("break_even"), c.break_even)
     with gr.Accordion("Token ids, text and stats per lane (what the /run API returns last)", open=False):
         c.result = gr.JSON(label="Last run")
 
@@ -339,7 +343,8 @@ def with_settings(fn: Callable[..., Iterator], before: int) -> Callable[..., Ite
 
 
 def _wire(c: Controls, demo: gr.Blocks) -> None:
-    """Events. Decoding handlers share one concurrency slot, so two decodes never compete for the cores."""
+    """Events. Decodes never compete for the cores: Run waits in turns.DECODES (its lanes say how many are ahead),
+    Measure, Audit and preset loads share one Gradio concurrency slot and take the same turn."""
     decode_slot = {"concurrency_id": "decode", "concurrency_limit": 1}
     outputs = {"frame": c.frame, "run_table": c.run_table, "result": c.result, "model_info": c.model_info,
                **dict(zip(plots.FIGURE_KEYS, c.figures, strict=True)), "plots_note": c.plots_note,
@@ -350,19 +355,19 @@ def _wire(c: Controls, demo: gr.Blocks) -> None:
     run_inputs = [c.prompt, c.preset, c.lanes, *c.settings, c.speed, c.history, c.runs]
     run = c.run.click(with_settings(run_lanes, 3), run_inputs,
                       [outputs[name] for name in RUN_OUTPUTS], api_name="run", show_progress="hidden",
-                      **decode_slot)
+                      concurrency_id="run", concurrency_limit=16)
     batch_inputs = [c.prompt, c.prompt_file, c.repeats, c.preset, c.lanes, *c.settings, c.history, c.measured]
     batch_outputs = [c.measure_status, c.summary, c.per_prompt, *c.measure_figures, c.history,
                      outputs["latency_percentiles"], outputs["latency_cdf"], c.measured]
     batch = {"outputs": batch_outputs, "show_progress_on": c.measure_status, **decode_slot}
-    by_prompt = c.measure_prompt.click(with_settings(measure, 6), [gr.State("prompt"), *batch_inputs],
-                                       api_name="measure", **batch)
-    by_file = c.measure_file.click(with_settings(measure, 6), [gr.State("file"), *batch_inputs],
-                                   api_name="workload", **batch)
+    measuring = taking_turn(with_settings(measure, 6), "measurement")
+    by_prompt = c.measure_prompt.click(measuring, [gr.State("prompt"), *batch_inputs], api_name="measure", **batch)
+    by_file = c.measure_file.click(measuring, [gr.State("file"), *batch_inputs], api_name="workload", **batch)
     c.measure_clear.click(clear_measured, None, [c.measure_status, c.summary, c.per_prompt, c.measured],
                           api_visibility="undocumented", queue=False)
-    c.audit_run.click(run_audit_tab, [c.prompt, c.preset, c.audit_temperature, c.audit_top_k, c.audit_gamma],
-                      c.audit_out, api_name="audit", show_progress_on=c.audit_out, **decode_slot)
+    audit_inputs = [c.prompt, c.preset, c.audit_temperature, c.audit_top_k, c.audit_gamma]
+    c.audit_run.click(taking_turn(run_audit_tab, "audit"), audit_inputs, c.audit_out, api_name="audit",
+                      show_progress_on=c.audit_out, **decode_slot)
     play = c.play.click(replay_play, [c.current, c.scrubber, c.speed], [c.frame, c.scrubber],
                         api_visibility="undocumented", concurrency_limit=8, show_progress="hidden")
     c.pause.click(None, js=SETTLE_JS, cancels=[play])
@@ -382,8 +387,9 @@ def _wire(c: Controls, demo: gr.Blocks) -> None:
                        api_visibility="undocumented", queue=False)
     follows = [c.model_info] + [c.settings[SETTING_NAMES.index(n)]
                                 for n in ("drafter", "gamma", "tokens_per_step", "blocks")]
-    c.preset.change(describe_preset, c.preset, follows, api_visibility="undocumented", **decode_slot)
-    demo.load(describe_preset, c.preset, follows, api_visibility="undocumented", **decode_slot)
+    describe = taking_turn(describe_preset, "preset load")  # a load never runs beside a decode
+    c.preset.change(describe, c.preset, follows, api_visibility="undocumented", **decode_slot)
+    demo.load(describe, c.preset, follows, api_visibility="undocumented", **decode_slot)
     demo.load(None, js=LOAD_JS)
 
 

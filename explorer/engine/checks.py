@@ -93,7 +93,8 @@ def acceptance_check(url: str, prompt: str | list[int], max_tokens: int = 64, ch
 def predicted_gain(preset: str, spec: str, gamma: int, alpha: float, concurrencies: list[int]) -> pd.DataFrame:
     """Speculation's throughput gain at batch B predicted from the explorer's timed forward passes of the same
     preset: E[tokens per step] / (gamma * c_B + v_B), with c_B the draft/target cost ratio at batch B (0 for
-    n-gram drafting) and v_B the cost of a (gamma+1)-token verify pass relative to a 1-token pass."""
+    n-gram drafting) and v_B the cost of a (gamma+1)-token verify pass relative to a 1-token pass; ``noisy`` flags a
+    batch whose timed passes spread too widely (``metrics.noise_flag``)."""
     import explorer
     from explorer.measure.costs import batch_costs
 
@@ -104,4 +105,5 @@ def predicted_gain(preset: str, spec: str, gamma: int, alpha: float, concurrenci
     frame["predicted_gain"] = expected / (gamma * c + frame["verify_ratio"])
     frame["concurrency"] = frame["batch"]
     frame["spec"] = spec
-    return frame[["concurrency", "spec", "gamma", "alpha", "cost_ratio_c", "verify_ratio", "predicted_gain"]]
+    return frame[["concurrency", "spec", "gamma", "alpha", "cost_ratio_c", "verify_ratio", "predicted_gain",
+                  "noisy"]]

@@ -213,7 +213,8 @@ def _print_rows(rows, predicted) -> None:
     if predicted is not None:
         for label, part in predicted.groupby("label", sort=False):
             print(f"predicted gain of {label} (explorer's cost model, acceptance {part['alpha'].iloc[0]:.3f}): "
-                  + ", ".join(f"c={int(r.concurrency)}: {r.predicted_gain:.2f}x" for r in part.itertuples()))
+                  + ", ".join(f"c={int(r.concurrency)}: {r.predicted_gain:.2f}x"
+                              + (f" ({r.noisy})" if getattr(r, "noisy", "") else "") for r in part.itertuples()))
 
 
 def _check(args: argparse.Namespace) -> int:

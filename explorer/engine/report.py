@@ -58,9 +58,12 @@ def gain_figure(summary: pd.DataFrame, predicted: pd.DataFrame | None = None) ->
         labels = _labels(summary)
         for label, part in predicted.groupby("label", sort=False):
             i = labels.index(label) if label in labels else len(labels)
+            noisy = [n for n in part.get("noisy", []) if n]
             fig.add_trace(go.Scatter(x=part["concurrency"], y=part["predicted_gain"], mode="lines+markers",
-                                     name=f"{label}: predicted", line={"color": PALETTE[i % len(PALETTE)],
-                                                                      "dash": "dot"}))
+                                     name=f"{label}: predicted" + (f" ({noisy[0]})" if noisy else ""),
+                                     text=list(part.get("noisy", [""] * len(part))),
+                                     hovertemplate="c=%{x}: predicted %{y:.2f}x %{text}<extra></extra>",
+                                     line={"color": PALETTE[i % len(PALETTE)], "dash": "dot"}))
     fig.add_hline(y=1.0, line={"color": "#bbb", "width": 1})
     fig.update_xaxes(title="concurrency", type="log", dtick=math.log10(2))
     fig.update_yaxes(title="throughput, speculation on / off", rangemode="tozero")

@@ -15,9 +15,7 @@ from transformers import DynamicCache
 
 from explorer.errors import ExplorerError
 from explorer.measure.bench import BATCHES, BenchSettings, RunConfig, fit_alpha, run_requests
-from explorer.measure.metrics import (
-    predicted_speedup,
-)
+from explorer.measure.metrics import noise_flag, pass_spread, predicted_speedup
 from explorer.measure.report import (
     Section,
     batch_figure,
@@ -54,7 +52,8 @@ def pass_seconds(model: torch.nn.Module, cache: DynamicCache, batch: int, new_to
 
 def batch_costs(models: Models, gamma: int, alpha: float, batches: tuple[int, ...] = BATCHES, cache_len: int = 128,
                 reps: int = 10, progress: bool = True) -> pd.DataFrame:
-    """For each B: target B x (gamma+1) vs B x 1, draft B x 1 (interleaved, median); c and the predicted speedup."""
+    """For each B: target B x (gamma+1) vs B x 1, draft B x 1 (interleaved, median); c and the predicted speedup;
+    ``pass_spread`` the widest (p90 - p10) / median of the three, ``noisy`` the flag when it is too wide."""
     if models.draft is None:
         raise ExplorerError(f"preset {models.preset.name!r} has no draft model; the batch sweep times target vs draft")
     gen = torch.Generator().manual_seed(0)
@@ -65,12 +64,14 @@ def batch_costs(models: Models, gamma: int, alpha: float, batches: tuple[int, ..
         times = [[pass_seconds(models.target, target, b, 1, gen),
                   pass_seconds(models.target, target, b, gamma + 1, gen),
                   pass_seconds(models.draft, draft, b, 1, gen)] for _ in range(reps + 2)]
-        t1, tv, td = np.median(np.array(times[2:]), axis=0)  # the first two rounds warm up
+        timed = np.array(times[2:])  # the first two rounds warm up
+        t1, tv, td = np.median(timed, axis=0)
         c, v = td / t1, tv / t1
         rows.append({"batch": b, "cache_len": cache_len, "gamma": gamma, "target_pass_1_s": t1,
                      "target_pass_gamma1_s": tv, "draft_pass_1_s": td, "cost_ratio_c": c, "verify_ratio": v,
                      "alpha": alpha, "predicted_speedup_thm": predicted_speedup(alpha, gamma, c),
-                     "predicted_speedup_forward": expected_tokens / (gamma * c + v)})
+                     "predicted_speedup_forward": expected_tokens / (gamma * c + v),
+                     "pass_spread": max(pass_spread(col) for col in timed.T), "noisy": noise_flag(*timed.T)})
     return pd.DataFrame(rows)
 
 

@@ -179,15 +179,17 @@ def crossing(batches: list[float], gains: list[float]) -> float | None:
 
 
 def batch_sentence(batch: dict[str, object]) -> str:
-    """One line: where the gain crosses 1, or that it never was above 1, or never falls to it."""
+    """One line: where the gain crosses 1, or that it never was above 1, or never falls to it; a prediction from
+    timed passes that spread too widely ends with its noise flag."""
     rows, where = batch["rows"], batch["crosses_1_at_batch"]
     first = rows[0].get("predicted_speedup_forward", rows[0].get("speedup_throughput")) if rows else None
+    noisy = next((f" ({r['noisy']})" for r in rows if r.get("noisy")), "")
     label = f"batch ({batch['source']})"
     if where is None:
-        return f"{label}: the gain stays above 1 at every batch measured"
+        return f"{label}: the gain stays above 1 at every batch measured{noisy}"
     if first is not None and float(first) <= 1:
-        return f"{label}: no gain at any batch (already {float(first):.2f}x at batch 1)"
-    return f"{label}: the gain crosses 1 at batch {where:.1f}"
+        return f"{label}: no gain at any batch (already {float(first):.2f}x at batch 1){noisy}"
+    return f"{label}: the gain crosses 1 at batch {where:.1f}{noisy}"
 
 
 def predicted_batch(models: Models, s: DecideSettings, acceptance: float) -> dict[str, object]:

@@ -112,6 +112,32 @@ def predicted_speedup(alpha: float, gamma: int, cost_ratio: float) -> float:
     return (1 - alpha ** (gamma + 1)) / ((1 - alpha) * (gamma * cost_ratio + 1))
 
 
+NOISY_SPREAD = 0.25  # (p90 - p10) / median of repeated timed passes above this: the prediction is flagged
+
+
+def pass_spread(seconds: Sequence[float]) -> float:
+    """(p90 - p10) / median of repeated timings of one forward pass; NaN under 3 timings."""
+    x = np.asarray([s for s in seconds if np.isfinite(s)], dtype=float)
+    if len(x) < 3 or np.median(x) <= 0:
+        return float("nan")
+    p10, p50, p90 = np.percentile(x, [10, 50, 90])
+    return float((p90 - p10) / p50)
+
+
+def noise_flag(*series: Sequence[float], limit: float = NOISY_SPREAD) -> str:
+    """"" when every series of timed passes a prediction divides is tight, else the one sentence that flags it.
+
+    On an idle machine one forward pass repeats within a few percent (p10-p90 under ~10% of the median), so a
+    cost ratio of medians is good to a few percent. When another process takes the cores, passes stretch
+    unevenly: a spread over 25% means the ratio (and the gain predicted from it) can be off by a quarter, enough
+    to move a predicted 1.2x across break-even, so the number must not stand unlabelled."""
+    spreads = [s for s in (pass_spread(x) for x in series) if np.isfinite(s)]
+    worst = max(spreads, default=float("nan"))
+    if not np.isfinite(worst) or worst <= limit:
+        return ""
+    return f"noisy: the timed passes spread by {worst:.0%} (machine busy?)"
+
+
 # ----------------------------------------------------------------------------------------------
 # honest summaries: grouped by setup (never pooled across it), a spread beside every number
 
