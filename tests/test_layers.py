@@ -7,8 +7,8 @@ ROOT = Path(__file__).resolve().parent.parent / "explorer"
 
 # Lowest first. A module belongs to the entry that names it or, failing that, its folder (the longest match).
 LAYERS = [
-    ("core", ["errors", "runtime", "decoding.config", "decoding.sampling", "decoding.events", "decoding.draft",
-              "decoding.registry", "decoding.acceptance"]),
+    ("core", ["errors", "runtime", "compact_weights", "decoding.config", "decoding.sampling", "decoding.events",
+              "decoding.draft", "decoding.registry", "decoding.acceptance"]),
     ("decoding", ["decoding"]),
     ("families", ["families"]),
     ("models", ["models", "precision"]),

@@ -26,15 +26,19 @@ def built(tmp_path_factory):
 def load(path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    from explorer.compact_weights import from_pretrained
+
+    return from_pretrained(AutoModelForCausalLM, path), AutoTokenizer.from_pretrained(path.parent / "tokenizer")
 
 
 def test_layout_and_report(built):
     out, report = built
-    for name in ("tokenizer",) + MODELS:
-        assert (out / name / "tokenizer.json").exists()
+    from explorer.compact_weights import is_compact
+
+    assert (out / "tokenizer" / "tokenizer.json").exists()
     for name in MODELS:
-        assert (out / name / "model.safetensors").exists()
+        assert not (out / name / "tokenizer.json").exists()  # one copy, in tokenizer/
+        assert is_compact(out / name / "model.safetensors")
     assert not list(out.glob(".*.tmp"))
     saved = json.loads((out / "train_report.json").read_text())
     assert saved["status"] == "complete"
@@ -47,11 +51,10 @@ def test_layout_and_report(built):
     assert report["weights_mb"]["total"] < 60
 
 
-@pytest.mark.parametrize("name", ("tokenizer",) + MODELS)
-def test_tokenizer_round_trip_and_specials(built, name):
+def test_tokenizer_round_trip_and_specials(built):
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(built[0] / name)
+    tok = AutoTokenizer.from_pretrained(built[0] / "tokenizer")
     assert tok.decode(tok(SNIPPET).input_ids) == SNIPPET
     ids = tok("def f():").input_ids
     assert not set(ids) & set(tok.all_special_ids)

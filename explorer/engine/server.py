@@ -2,9 +2,10 @@
 
 One server per port. Its state (pid, url, preset, speculation, log) is a JSON file in the engine home, so
 ``engine status`` and ``engine stop`` work from another shell. The preset's models are prepared once in the
-format vLLM loads: the tiny preset's folders as they are; SmolLM2's GGUF dequantized and saved as safetensors,
-and its trimmed 4-layer draft saved as a full-vocabulary Llama (the kept rows of its head are its own, the
-other rows zero), since vLLM's draft model must share the target's vocabulary.
+format vLLM loads: the tiny preset's target and draft dequantized to float32, each with the tokenizer; SmolLM2's
+GGUF dequantized and saved as safetensors, and its trimmed 4-layer draft saved as a full-vocabulary Llama (the
+kept rows of its head are its own, the other rows zero), since vLLM's draft model must share the target's
+vocabulary.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -106,17 +108,36 @@ def _check_preset(preset: str) -> None:
                             "model run your own vLLM and pass its URL")
 
 
+_PREPARING = threading.Lock()
+
+
 def prepare_models(preset: str, home: Path | None = None, say=print) -> tuple[Path, Path | None]:
     """(target folder, draft folder or None) for ``preset``; made once under the engine home."""
     _check_preset(preset)
-    if preset == "tiny":
-        return ASSETS / "tiny" / "target", ASSETS / "tiny" / "draft"
     out = (home or engine_home()) / "models" / preset
     target, draft = out / "target", out / "draft"
-    if not (target / ".complete").exists() or not (draft / ".complete").exists():
-        say(f"preparing {preset} for vLLM in {out} (once)")
-        _prepare_smollm2(target, draft)
+    with _PREPARING:  # engines started in threads at once: one prepares, the others find it done
+        if not (target / ".complete").exists() or not (draft / ".complete").exists():
+            say(f"preparing {preset} for vLLM in {out} (once)")
+            if preset == "tiny":
+                _prepare_tiny(target, draft)
+            else:
+                _prepare_smollm2(target, draft)
     return target, draft
+
+
+def _prepare_tiny(target_dir: Path, draft_dir: Path) -> None:
+    """Plain float32 copies of the tiny target and draft, each with the tokenizer (the shipped weights are
+    compact, int8 rows: vLLM does not read them)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from explorer.compact_weights import from_pretrained
+
+    tok = AutoTokenizer.from_pretrained(ASSETS / "tiny" / "tokenizer")
+    for name, dest in (("target", target_dir), ("draft", draft_dir)):
+        from_pretrained(AutoModelForCausalLM, ASSETS / "tiny" / name).save_pretrained(dest, safe_serialization=True)
+        tok.save_pretrained(dest)
+        (dest / ".complete").write_text("")
 
 
 def _prepare_smollm2(target_dir: Path, draft_dir: Path) -> None:

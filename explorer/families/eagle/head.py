@@ -18,7 +18,8 @@ predicts every position as the d-th drafting step would, attending to true input
 chain started and to the chain's own earlier (predicted) inputs after it.
 
 On disk (``save_eagle_head``): ``config.json`` (the target's Llama config plus ``kept_vocab`` and
-``architectures: ["EagleHead"]``) and ``model.safetensors`` (fc, layer, kept ids).
+``architectures: ["EagleHead"]``) and ``model.safetensors`` (fc, layer, kept ids), compact (int8 rows,
+``explorer.compact_weights``) or plain: both load.
 """
 
 from __future__ import annotations
@@ -235,16 +236,22 @@ def build_eagle_head(target: nn.Module, kept_ids: torch.Tensor) -> EagleHead:
     return head.attach(target)
 
 
-def save_eagle_head(head: EagleHead, out_dir: Path, dtype: torch.dtype = torch.float16) -> None:
+def save_eagle_head(head: EagleHead, out_dir: Path, dtype: torch.dtype | None = None) -> None:
+    """Write the head folder: compact weights (``explorer.compact_weights``), or plain in ``dtype`` if given."""
     from safetensors.torch import save_file
+
+    from explorer.compact_weights import save_compact
 
     out_dir.mkdir(parents=True, exist_ok=True)
     config = head.config.to_dict()
     config.update({"architectures": ["EagleHead"], "kept_vocab": len(head.kept_ids),
                    "embedding": "shared with the target (not stored)", "lm_head": "the target's kept rows"})
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
-    state = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in head.state_dict().items()}
-    save_file(state, str(out_dir / "model.safetensors"))
+    if dtype is None:
+        save_compact(head.state_dict(), out_dir / "model.safetensors")
+    else:
+        save_file({k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in head.state_dict().items()},
+                  str(out_dir / "model.safetensors"))
 
 
 def load_eagle_head(path: Path, target: nn.Module, dtype: torch.dtype) -> EagleHead:

@@ -2,7 +2,8 @@
 
 The Dream / DiffuLLaMA adaptation of a causal LM: the same weights with bidirectional attention,
 logits shifted by one (position i predicts token i + 1), a [MASK] token, and a LoRA delta
-(``adapter_config.json`` + ``adapter_model.safetensors``, the format of ``peft``) trained by
+(``adapter_config.json`` + ``adapter_model.safetensors``, the format of ``peft``, the factors plain or
+compact: int8 rows, ``explorer.compact_weights``) trained by
 ``python -m explorer.train smollm2 diffusion``. ``diffusion_config.json`` names the mask token and
 ``mask_embedding.safetensors`` holds its trained input embedding.
 """
@@ -27,10 +28,11 @@ def load_diffusion_adapter(path: Path, base: nn.Module, dtype: torch.dtype) -> n
 
     A missing or corrupt file raises ExplorerError naming the file.
     """
-    from peft import PeftModel
+    from peft import PeftConfig, PeftModel, set_peft_model_state_dict
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    from explorer.compact_weights import load_weights
 
     for name in FILES:
         if not (path / name).exists():
@@ -49,7 +51,12 @@ def load_diffusion_adapter(path: Path, base: nn.Module, dtype: torch.dtype) -> n
     make_bidirectional(model)
     model.config.shift_logits, model.config.mask_token_id = True, int(meta["mask_token_id"])
     try:
-        model = PeftModel.from_pretrained(model, str(path)).merge_and_unload()
+        peft = PeftModel(model, PeftConfig.from_pretrained(str(path)))
+        result = set_peft_model_state_dict(peft, load_weights(path / "adapter_model.safetensors"))
+        missing = [k for k in result.missing_keys if "lora_" in k]
+        if missing or result.unexpected_keys:
+            raise KeyError(f"missing {missing[:2]}, unexpected {result.unexpected_keys[:2]}")
+        model = peft.merge_and_unload()
     except (ValueError, OSError, RuntimeError, SafetensorError, KeyError) as exc:
         raise ExplorerError(f"diffusion adapter file is corrupt: {path / 'adapter_model.safetensors'} "
                             f"({str(exc).splitlines()[0][:200]})") from None

@@ -10,7 +10,7 @@ The head costs K x hidden multiply-adds per token instead of V x hidden (8192 vs
 
 On disk (``save_trimmed_draft``): ``config.json`` (a Llama config with the draft's depth and the
 target's vocabulary size, plus ``kept_vocab``) and ``model.safetensors`` (layers, norm, head,
-kept ids; no embedding).
+kept ids; no embedding), compact (int8 rows, ``explorer.compact_weights``) or plain: both load.
 """
 
 from __future__ import annotations
@@ -71,24 +71,31 @@ class TrimmedHeadDraft(nn.Module):
         return CausalLMOutputWithPast(logits=logits, past_key_values=out.past_key_values)
 
 
-def save_trimmed_draft(draft: TrimmedHeadDraft, out_dir: Path, dtype: torch.dtype = torch.float16) -> None:
+def save_trimmed_draft(draft: TrimmedHeadDraft, out_dir: Path, dtype: torch.dtype | None = None) -> None:
+    """Write the draft folder: compact weights (``explorer.compact_weights``), or plain in ``dtype`` if given."""
     from safetensors.torch import save_file
+
+    from explorer.compact_weights import save_compact
 
     out_dir.mkdir(parents=True, exist_ok=True)
     config = draft.config.to_dict()
     config.update({"architectures": ["TrimmedHeadDraft"], "kept_vocab": len(draft.kept_ids),
                    "embedding": "shared with the target (not stored)"})
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
-    state = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous()
-             for k, v in draft.state_dict().items() if not k.startswith("model.embed_tokens")}
-    save_file(state, str(out_dir / "model.safetensors"))
+    state = {k: v for k, v in draft.state_dict().items() if not k.startswith("model.embed_tokens")}
+    if dtype is None:
+        save_compact(state, out_dir / "model.safetensors")
+    else:
+        save_file({k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in state.items()},
+                  str(out_dir / "model.safetensors"))
 
 
 def read_draft_files(path: Path) -> tuple[dict, dict, Path]:
     """(Llama config without our own keys, tensors, the weights file) of a saved draft folder; a missing
     or corrupt file raises ExplorerError naming it (shared by the trimmed draft and the EAGLE head)."""
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
+
+    from explorer.compact_weights import load_weights
 
     config_file, weights_file = path / "config.json", path / "model.safetensors"
     for f in (config_file, weights_file):
@@ -96,7 +103,7 @@ def read_draft_files(path: Path) -> tuple[dict, dict, Path]:
             raise ExplorerError(f"draft file missing: {f}")
     try:
         raw = json.loads(config_file.read_text())
-        state = load_file(str(weights_file))
+        state = load_weights(weights_file)
     except (json.JSONDecodeError, SafetensorError, OSError) as exc:
         bad = config_file if isinstance(exc, json.JSONDecodeError) else weights_file
         raise ExplorerError(f"draft file is corrupt: {bad} ({exc})") from None

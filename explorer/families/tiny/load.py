@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from explorer.compact_weights import from_pretrained
 from explorer.errors import ExplorerError
 from explorer.runtime import ASSETS, Models, Preset, make_bidirectional
 
@@ -25,7 +26,7 @@ def load_tiny(preset: Preset, device: torch.device, dtype: torch.dtype) -> Model
     def load(sub: str | None) -> nn.Module | None:
         if sub is None:
             return None
-        return AutoModelForCausalLM.from_pretrained(root / sub, dtype=dtype).to(device)
+        return from_pretrained(AutoModelForCausalLM, root / sub, dtype).to(device)
 
     tokenizer = AutoTokenizer.from_pretrained(root / "tokenizer")
     diffusion, _ = load_tiny_diffusion(device, dtype)
@@ -40,7 +41,7 @@ def load_tiny_diffusion(device: torch.device, dtype: torch.dtype) -> tuple[nn.Mo
     path = TINY_DIR / "diffusion"
     config = json.loads((path / "config.json").read_text())
     auto = AutoModelForCausalLM if config.get("shift_logits") else AutoModelForMaskedLM
-    model = auto.from_pretrained(path, dtype=dtype).to(device)
+    model = from_pretrained(auto, path, dtype).to(device)
     if config.get("is_causal") is False:
         make_bidirectional(model)
     return model, AutoTokenizer.from_pretrained(TINY_DIR / "tokenizer")

@@ -119,6 +119,8 @@ def load_exported_diffusion(model, mask_vec, folder: Path, rank: int) -> None:
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
+    from explorer.compact_weights import load_weights
+
     folder = Path(folder)
     if not (folder / "adapter_model.safetensors").exists():
         raise ExplorerError(f"--init-from {folder} holds no adapter_model.safetensors")
@@ -126,7 +128,7 @@ def load_exported_diffusion(model, mask_vec, folder: Path, rank: int) -> None:
     if cfg.get("r") != rank:
         raise ExplorerError(f"--init-from {folder} holds a rank-{cfg.get('r')} adapter; "
                             f"pass --lora-rank {cfg.get('r')}")
-    set_peft_model_state_dict(model, load_file(str(folder / "adapter_model.safetensors")))
+    set_peft_model_state_dict(model, load_weights(folder / "adapter_model.safetensors"))
     with torch.no_grad():
         mask_vec.copy_(load_file(str(folder / "mask_embedding.safetensors"))["mask_embedding"].float())
 

@@ -16,11 +16,13 @@ ASSET_DIR = Path(__file__).resolve().parents[3] / "assets" / "models" / "smollm2
 
 
 def export(work: Path, out: Path | None = None) -> dict:
-    """Write the shipped artefacts from the latest checkpoints: ``draft/`` (trimmed-head draft, fp16),
-    ``eagle/`` (EAGLE head, fp16) and ``diffusion/`` (LoRA delta in fp32, mask embedding, diffusion_config.json)."""
+    """Write the shipped artefacts from the latest checkpoints: ``draft/`` (trimmed-head draft), ``eagle/``
+    (EAGLE head) and ``diffusion/`` (LoRA delta, mask embedding, diffusion_config.json); the weights compact
+    (int8 rows, ``explorer.compact_weights``), the mask embedding in fp16."""
     from peft import get_peft_model_state_dict, set_peft_model_state_dict
     from safetensors.torch import save_file
 
+    from explorer.compact_weights import save_compact
     from explorer.families.eagle import build_eagle_head, save_eagle_head
     from explorer.families.smollm2.trimmed_draft import save_trimmed_draft
 
@@ -57,9 +59,8 @@ def export(work: Path, out: Path | None = None) -> dict:
         dest = out / "diffusion"
         dest.mkdir(parents=True, exist_ok=True)
         model.peft_config["default"].save_pretrained(str(dest))
-        # fp32: rounding the LoRA factors to fp16 moved logits by up to 0.2
-        state = {k: v.float().contiguous() for k, v in get_peft_model_state_dict(model).items()}
-        save_file(state, str(dest / "adapter_model.safetensors"))
+        state = get_peft_model_state_dict(model)
+        save_compact(state, dest / "adapter_model.safetensors")
         save_file({"mask_embedding": ckpt["mask_vec"].to(torch.float16)}, str(dest / "mask_embedding.safetensors"))
         (dest / "diffusion_config.json").write_text(json.dumps(
             {"base": "SmolLM2-135M-Instruct (the preset's target)", "mask_token": MASK_TOKEN,

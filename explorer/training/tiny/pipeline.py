@@ -44,23 +44,10 @@ from explorer.training.tiny.recipes import (
 )
 
 DEFAULT_OUT = Path(__file__).resolve().parents[3] / "assets" / "models" / "tiny"
-SIZE_LIMIT_MB = 60.0
 
 
 
 # ---------------------------------------------------------------------------- saving
-def choose_save_dtype(cfg: dict, vocab: int) -> torch.dtype:
-    """fp32 when target + draft + diffusion fit in SIZE_LIMIT_MB, else fp16."""
-    from transformers import LlamaConfig
-
-    total = 0
-    for name, copies in (("target", 2), ("draft", 1)):
-        c = LlamaConfig(vocab_size=vocab, **cfg[name])
-        flops = estimate_flops(c)["matmul_flops_per_token"]
-        total += copies * flops / 2  # MACs per token == parameters (tied head) roughly
-    return torch.float32 if total * 4 / 1e6 < SIZE_LIMIT_MB else torch.float16
-
-
 def save_dir_atomic(out_dir: Path, name: str, write) -> Path:
     """Write ``out_dir/name`` via a temp sibling dir, then swap it into place."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -80,18 +67,19 @@ def save_dir_atomic(out_dir: Path, name: str, write) -> Path:
     return final
 
 
-def save_model(model, tokenizer, out_dir: Path, name: str, dtype: torch.dtype) -> Path:
-    """Save a model (weights in ``dtype``) plus a copy of the tokenizer so it loads alone.
+def save_model(model, out_dir: Path, name: str, bits: int = 8) -> Path:
+    """Save a model: ``config.json``, ``generation_config.json`` and compact weights (``bits`` 8: int8 rows,
+    4: int4 groups, ``explorer.compact_weights``; load with its ``from_pretrained``). The tokenizer is saved
+    once, in ``out_dir/tokenizer``."""
+    from explorer.compact_weights import save_compact
 
-    ``config.dtype`` stays float32 so that a default ``from_pretrained`` on CPU loads fp32
-    even when the stored weights are fp16 (to keep the assets small)."""
     def write(tmp: Path):
         tied = model.config.tie_word_embeddings
-        state = {k: v.to(dtype) for k, v in model.state_dict().items()
-                 if not (tied and k == "lm_head.weight")}
+        state = {k: v for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
         model.config.dtype = torch.float32
-        model.save_pretrained(tmp, state_dict=state)
-        tokenizer.save_pretrained(tmp)
+        model.config.save_pretrained(tmp)
+        model.generation_config.save_pretrained(tmp)
+        save_compact(state, tmp / "model.safetensors", bits=bits)
     return save_dir_atomic(out_dir, name, write)
 
 
@@ -159,21 +147,20 @@ def train_all(out_dir: Path | str = DEFAULT_OUT, mini: bool = False, budgets_min
                            "type": "byte-level BPE, no added special tokens"}
     remove_stale_models(out_dir)
     save_dir_atomic(out_dir, "tokenizer", tokenizer.save_pretrained)
-    dtype = choose_save_dtype(cfg, len(tokenizer))
-    report["save_dtype"] = str(dtype)
+    report["save_dtype"] = "target and draft int8 rows, diffusion int4 groups of 32 (explorer.compact_weights)"
     save_report(out_dir, report)
 
     torch.manual_seed(10)
     target = build_llama(tokenizer, cfg["target"])
     stats = train_target(target, train_stream, cfg, budgets_s["target"])
-    save_model(target, tokenizer, out_dir, "target", dtype)
+    save_model(target, out_dir, "target")
     report["target"] = describe_model(target, stats)
     save_report(out_dir, report)
 
     torch.manual_seed(20)
     draft = build_llama(tokenizer, cfg["draft"])
     stats = train_draft(draft, target, train_stream, cfg, budgets_s["draft"])
-    save_model(draft, tokenizer, out_dir, "draft", dtype)
+    save_model(draft, out_dir, "draft")  # int8: int4 cost ~8% of its acceptance (the model card)
     report["draft"] = describe_model(draft, stats)
     windows = eval_windows(held_stream, cfg["seq_len"], cfg["eval_windows"])
     byte_table = count_token_bytes(tokenizer)
@@ -187,7 +174,7 @@ def train_all(out_dir: Path | str = DEFAULT_OUT, mini: bool = False, budgets_min
     assert check_bidirectional(diffusion, len(tokenizer)), "diffusion model is causal"
     stats = train_diffusion(diffusion, train_stream, cfg, budgets_s["diffusion"],
                             tokenizer.mask_token_id)
-    save_model(diffusion, tokenizer, out_dir, "diffusion", dtype)
+    save_model(diffusion, out_dir, "diffusion", bits=4)  # its text: no visible change in int4 (the model card)
     report["diffusion"] = describe_model(diffusion, stats)
     report["diffusion"]["bidirectional_check"] = check_bidirectional(diffusion, len(tokenizer))
     report["diffusion"]["heldout"] = evaluate_diffusion(
@@ -238,10 +225,12 @@ def remeasure_latency(out_dir: Path, reps: int = 200) -> dict:
     """Load the saved target/draft and re-measure latency (e.g. on a quiet machine)."""
     from transformers import AutoModelForCausalLM
 
+    from explorer.compact_weights import from_pretrained
+
     out_dir = Path(out_dir)
     torch.set_num_threads(2)
-    target = AutoModelForCausalLM.from_pretrained(out_dir / "target").eval()
-    draft = AutoModelForCausalLM.from_pretrained(out_dir / "draft").eval()
+    target = from_pretrained(AutoModelForCausalLM, out_dir / "target")
+    draft = from_pretrained(AutoModelForCausalLM, out_dir / "draft")
     latency = measure_ar_latency(target, draft, reps)
     report = json.loads((out_dir / "train_report.json").read_text())
     old = report.get("latency_ms", {})
