@@ -19,9 +19,12 @@ is not a multiple of ``G`` falls back to int8 rows in the same file; small and 1
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
+
+from explorer.errors import ExplorerError
 
 FORMAT = "explorer-int8-rows"
 FORMAT4 = "explorer-int4-groups"
@@ -180,3 +183,22 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def read_draft_files(path: Path) -> tuple[dict, dict, Path]:
+    """(Llama config without our own keys, tensors, the weights file) of a saved draft folder; a missing
+    or corrupt file raises ExplorerError naming it (shared by the trimmed draft and the EAGLE head)."""
+    from safetensors import SafetensorError
+
+    config_file, weights_file = path / "config.json", path / "model.safetensors"
+    for f in (config_file, weights_file):
+        if not f.exists():
+            raise ExplorerError(f"draft file missing: {f}")
+    try:
+        raw = json.loads(config_file.read_text())
+        state = load_weights(weights_file)
+    except (json.JSONDecodeError, SafetensorError, OSError) as exc:
+        bad = config_file if isinstance(exc, json.JSONDecodeError) else weights_file
+        raise ExplorerError(f"draft file is corrupt: {bad} ({exc})") from None
+    own = ("architectures", "kept_vocab", "embedding", "lm_head")
+    return {k: v for k, v in raw.items() if k not in own}, state, weights_file

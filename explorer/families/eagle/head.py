@@ -258,7 +258,7 @@ def load_eagle_head(path: Path, target: nn.Module, dtype: torch.dtype) -> EagleH
     """Load a saved head next to its target; a missing, corrupt or mismatched file names the file."""
     from transformers import LlamaConfig
 
-    from explorer.families.smollm2.trimmed_draft import read_draft_files
+    from explorer.compact_weights import read_draft_files
 
     raw, state, weights_file = read_draft_files(path)
     config = LlamaConfig(**raw)

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from explorer.compact_weights import read_draft_files
 from explorer.errors import ExplorerError
 
 
@@ -88,27 +89,6 @@ def save_trimmed_draft(draft: TrimmedHeadDraft, out_dir: Path, dtype: torch.dtyp
     else:
         save_file({k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in state.items()},
                   str(out_dir / "model.safetensors"))
-
-
-def read_draft_files(path: Path) -> tuple[dict, dict, Path]:
-    """(Llama config without our own keys, tensors, the weights file) of a saved draft folder; a missing
-    or corrupt file raises ExplorerError naming it (shared by the trimmed draft and the EAGLE head)."""
-    from safetensors import SafetensorError
-
-    from explorer.compact_weights import load_weights
-
-    config_file, weights_file = path / "config.json", path / "model.safetensors"
-    for f in (config_file, weights_file):
-        if not f.exists():
-            raise ExplorerError(f"draft file missing: {f}")
-    try:
-        raw = json.loads(config_file.read_text())
-        state = load_weights(weights_file)
-    except (json.JSONDecodeError, SafetensorError, OSError) as exc:
-        bad = config_file if isinstance(exc, json.JSONDecodeError) else weights_file
-        raise ExplorerError(f"draft file is corrupt: {bad} ({exc})") from None
-    own = ("architectures", "kept_vocab", "embedding", "lm_head")
-    return {k: v for k, v in raw.items() if k not in own}, state, weights_file
 
 
 def load_trimmed_draft(path: Path, target: nn.Module, dtype: torch.dtype) -> TrimmedHeadDraft:
