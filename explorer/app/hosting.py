@@ -32,7 +32,7 @@ except ImportError:  # anywhere else a no-op
 ROOT = Path(__file__).resolve().parents[2]
 # What a Space needs, relative to the repository root (tests, benchmarks, training data are left out).
 BUNDLE = ["app.py", "requirements.txt", "README.md", ".gitattributes", "explorer/*.py", "explorer/decoding/*.py",
-          "explorer/families/*.py", "explorer/app/*.py", "explorer/app/text/*.md", "explorer/measure/*.py",
+          "explorer/families/**", "explorer/app/*.py", "explorer/app/text/*.md", "explorer/measure/*.py",
           "explorer/engine/*.py",  # the CLI imports it; the Engine tab itself is hidden on a Space
           "explorer/precision/*.py", "explorer/precision/*.cpp", "explorer/precision/*.h",
           "assets/style.css",
