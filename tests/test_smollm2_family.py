@@ -175,6 +175,11 @@ def test_miniature_training_of_both_recipes_exports_files_that_load_and_decode(m
     diff_again = smollm2.train_diffusion(mini_work, budget_min=0.01, rank=2, batch=2, min_rows=2,
                                          init_from=out / "diffusion", bf16=True)
     assert diff_again["progress"]["answer_tokens_seen"] > report["diffusion"]["answer_tokens_seen"]
+    certain = smollm2.train_diffusion(mini_work, budget_min=0.01, rank=2, batch=2, min_rows=1, certainty=1.0)
+    assert certain["progress"]["runs"] == diff_again["progress"]["runs"] + 1  # resumed, now certainty forcing
+    assert certain["progress"]["certainty"] == 1.0
+    assert certain["progress"]["certainty_from_step"] == diff_again["progress"]["steps"]
+    assert 0 <= certain["eval"]["sure_right"] <= 1 and certain["eval"]["sure_per_block"] >= 0
     target, tok = smollm2.load_target(mini_work)
     # the restarted adapter began at the exported one: its run's first logged evaluation is the export's
     from explorer.training.smollm2.diffusion import build_diffusion, evaluate_diffusion, load_exported_diffusion
@@ -200,6 +205,46 @@ def test_miniature_training_of_both_recipes_exports_files_that_load_and_decode(m
     diff = explorer.decode("diffusion", models, "Tell me about tea.", max_new_tokens=8, steps=8, block_length=4)
     assert diff.stats["target_forward_passes"] == 8 and diff.token_ids
     assert getattr(target.config, "is_causal", True) is not False  # the adapter worked on a copy
+
+
+def test_certainty_forcing_adds_the_entropy_of_right_guesses_only(mini_work):
+    """dParallel's loss, recomputed by hand: block masks only, cross-entropy at the scored masks plus the weight
+    times the entropy at every scored mask whose argmax is the answer's token, over t times the block."""
+    import torch.nn.functional as F
+
+    from explorer.training.smollm2.common import load_target
+    from explorer.training.smollm2.diffusion import (
+        answer_window,
+        build_diffusion,
+        choose_masks,
+        masked_diffusion_loss,
+    )
+
+    target, tok = load_target(mini_work)
+    model, _, mask_id = build_diffusion(target, tok, 2)
+    with torch.no_grad():
+        model.get_base_model().lm_head.weight.mul_(8)  # peaked guesses: some right, some wrong
+    prompt, answer, t = [5, 6, 7, 8], [int(x) for x in torch.randint(20, 200, (16,))], 0.7
+    for seed in range(6):
+        masked, scored, norm = choose_masks(len(answer), t, torch.Generator().manual_seed(seed), blocks_only=True)
+        first = int(scored.nonzero()[0])
+        assert 1 <= norm <= 8 and int(scored.nonzero().max()) - first < norm and masked[first + 8:].all()
+        assert not masked[:first].any()
+        x = torch.tensor(prompt + answer)
+        x[len(prompt):][masked] = mask_id
+        with torch.no_grad():
+            logits = model.get_base_model()(input_ids=x[None]).logits[0].float()
+            where = len(prompt) + scored.nonzero()[:, 0]
+            rows, truth = logits[where - 1], torch.tensor(answer)[scored]
+            right = rows.argmax(-1) == truth
+            entropy = -(rows.softmax(-1) * rows.log_softmax(-1)).sum(-1)
+            want = (F.cross_entropy(rows, truth, reduction="sum") + 0.5 * entropy[right].sum()) / (t * norm)
+            got = masked_diffusion_loss(model, prompt, answer, mask_id, t, torch.Generator().manual_seed(seed), 0.5)
+        assert torch.allclose(got, want, atol=1e-4), (seed, got, want)
+    # windows start on a block boundary, the answer before them joined to the prompt
+    for seed in range(8):
+        p2, a2 = answer_window(prompt, answer, 8, torch.Generator().manual_seed(seed))
+        assert p2 + a2 == prompt + answer and (len(p2) - len(prompt)) % 8 == 0
 
 
 def report_kept(out):

@@ -39,6 +39,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "draft, .../eagle or .../diffusion) when the work dir has no checkpoint")
     ap.add_argument("--bf16", action="store_true",
                     help="eagle, diffusion: bfloat16 autocast for forward and backward (a CPU with native bf16)")
+    ap.add_argument("--certainty", type=float, default=0.0,
+                    help="diffusion: weight of certainty forcing (entropy of right guesses; 0 = plain training)")
     ap.add_argument("--lora-rank", type=int, default=16, help="diffusion: LoRA rank")
     ap.add_argument("--lr", type=float, default=None, help="peak learning rate")
     ap.add_argument("--out", type=Path, default=None, help="export: destination (default assets/models/smollm2-135m); "
@@ -77,7 +79,8 @@ def main(argv=None) -> None:
                         bf16=args.bf16)
         elif args.stage == "diffusion":
             train_diffusion(work, args.budget_min, rank=args.lora_rank, batch=args.batch or 4,
-                            lr=args.lr or 5e-4, seed=args.seed, init_from=args.init_from, bf16=args.bf16)
+                            lr=args.lr or 5e-4, seed=args.seed, init_from=args.init_from, bf16=args.bf16,
+                            certainty=args.certainty)
         elif args.stage == "export":
             export(work, args.out)
     except ExplorerError as exc:

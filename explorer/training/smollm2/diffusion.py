@@ -48,16 +48,17 @@ def build_diffusion(target, tok, rank: int):
     return model, mask_vec, mask_id
 
 
-def choose_masks(n: int, t: float, gen: torch.Generator, block: int = 8) -> tuple[torch.Tensor, torch.Tensor, int]:
+def choose_masks(n: int, t: float, gen: torch.Generator, block: int = 8,
+                 blocks_only: bool = False) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Which answer positions are masked, which are scored, and the normaliser.
 
     Half the time MDLM/LLaDA masking: each position masked with probability t, all scored, the loss
     normalised by t * n (the ELBO's 1/t weight). The other half the situation semi-autoregressive
     decoding meets (block diffusion, Arriola et al. 2025): a clean prefix of random length, one block
     masked with probability t, everything after it masked; only the block is scored, normalised by
-    t * block.
+    t * block. ``blocks_only``: always the second (the certainty stage trains what threshold decoding meets).
     """
-    if float(torch.rand((), generator=gen)) < 0.5:
+    if not blocks_only and float(torch.rand((), generator=gen)) < 0.5:
         masked = torch.rand(n, generator=gen) < t
         if not masked.any():
             masked[torch.randint(n, (1,), generator=gen)] = True
@@ -75,19 +76,43 @@ def choose_masks(n: int, t: float, gen: torch.Generator, block: int = 8) -> tupl
 
 
 def masked_diffusion_loss(model, prompt_ids: list[int], answer: list[int], mask_id: int, t: float,
-                          gen: torch.Generator) -> torch.Tensor:
+                          gen: torch.Generator, certainty: float = 0.0) -> torch.Tensor:
     """The masked-diffusion loss of one sequence (``choose_masks``): cross-entropy at the scored masks,
-    logits shifted by one (position j-1 predicts token j), divided by t times the normaliser."""
+    logits shifted by one (position j-1 predicts token j), divided by t times the normaliser.
+
+    ``certainty`` > 0 is certainty forcing (dParallel, Chen et al. 2025): block masks only, and the entropy
+    of the model's distribution at every scored mask it already predicts correctly (argmax = the answer's
+    token) is added with that weight, so a right guess becomes a confident one and threshold decoding can
+    commit several positions per pass; the cross-entropy keeps the guesses right.
+    """
     base = model.get_base_model()
     x0 = torch.tensor(prompt_ids + answer)
     p = len(prompt_ids)
-    masked, scored, norm = choose_masks(len(answer), t, gen)
+    masked, scored, norm = choose_masks(len(answer), t, gen, blocks_only=certainty > 0)
     xt = x0.clone()
     xt[p:][masked] = mask_id
     hidden = base.model(input_ids=xt[None]).last_hidden_state[0]  # (T, H)
     where = p + scored.nonzero()[:, 0]  # absolute positions scored
-    logits = base.lm_head(hidden[where - 1])  # (M, V)
-    return F.cross_entropy(logits.float(), x0[where], reduction="sum") / (t * norm)
+    logits = base.lm_head(hidden[where - 1]).float()  # (M, V)
+    loss = F.cross_entropy(logits, x0[where], reduction="sum")
+    if certainty > 0:
+        logp = logits.log_softmax(-1)
+        right = logits.argmax(-1) == x0[where]
+        entropy = -(logp.exp() * logp).sum(-1)
+        loss = loss + certainty * entropy[right].sum()
+    return loss / (t * norm)
+
+
+def answer_window(prompt_ids: list[int], answer: list[int], length: int, gen: torch.Generator,
+                  block: int = 8) -> tuple[list[int], list[int]]:
+    """Half the time the answer's first ``length`` tokens; otherwise a window starting at a random multiple
+    of ``block`` inside the answer, the answer before it joined to the prompt as clean context (what a canvas
+    longer than ``length`` meets once its first blocks are committed)."""
+    starts = range(0, max(1, len(answer) - block), block)
+    if len(starts) < 2 or float(torch.rand((), generator=gen)) < 0.5:
+        return prompt_ids, answer
+    s = starts[int(torch.randint(1, len(starts), (1,), generator=gen))]
+    return prompt_ids + answer[:s], answer[s:]
 
 
 def crop_answer(answer: list[int], eos_id: int, length: int) -> list[int]:
@@ -98,7 +123,10 @@ def crop_answer(answer: list[int], eos_id: int, length: int) -> list[int]:
 
 @torch.no_grad()
 def evaluate_diffusion(model, heldout: list[dict], mask_id: int, eos_id: int, ts=(0.25, 0.5, 0.75)) -> dict:
-    """Held-out diffusion loss (``masked_diffusion_loss``, nats per token) at fixed mask ratios, seeded."""
+    """Held-out diffusion loss (``masked_diffusion_loss``, nats per token) at fixed mask ratios, seeded; and
+    what threshold decoding at 0.9 would commit on a block's first pass (clean prefix, the whole block of 8
+    masked, every later position masked): how many of its positions reach probability 0.9 (``sure_per_block``)
+    and how many of those are the answer's token (``sure_right``)."""
     model.eval()
     out = {}
     for t in ts:
@@ -109,6 +137,19 @@ def evaluate_diffusion(model, heldout: list[dict], mask_id: int, eos_id: int, ts
             loss = float(masked_diffusion_loss(model, r["prompt_ids"], answer, mask_id, t, gen))
             total, count = total + loss, count + 1
         out[f"masked_ce_t{t}"] = total / count
+    base, sure, right, blocks = model.get_base_model(), 0, 0, 0
+    for r in heldout[:12]:
+        answer = crop_answer(r["answer_ids"], eos_id, DIFFUSION_ANSWER_TOKENS)
+        p = len(r["prompt_ids"])
+        for cut in range(0, len(answer), 16):  # every other block
+            x = torch.tensor(r["prompt_ids"] + answer[:cut] + [mask_id] * (len(answer) - cut))
+            hidden = base.model(input_ids=x[None]).last_hidden_state[0, p + cut - 1:p + cut + 7]
+            prob, guess = base.lm_head(hidden).float().softmax(-1).max(-1)
+            ok = prob >= 0.9
+            sure += int(ok.sum())
+            right += int((ok & (guess == torch.tensor(answer[cut:cut + 8]))).sum())
+            blocks += 1
+    out["sure_per_block"], out["sure_right"] = sure / blocks, right / max(1, sure)
     model.train()
     return out
 
@@ -133,15 +174,22 @@ def load_exported_diffusion(model, mask_vec, folder: Path, rank: int) -> None:
         mask_vec.copy_(load_file(str(folder / "mask_embedding.safetensors"))["mask_embedding"].float())
 
 
+def training_rows(work: Path, certainty: float) -> list[dict]:
+    rows = load_rows(work)
+    return [r for r in rows if r.get("temperature", 0.0) == 0.0] if certainty > 0 else rows
+
+
 def train_diffusion(work: Path, budget_min: float, rank: int = 16, batch: int = 4, lr: float = 5e-4,
                     seed: int = 0, eval_every_s: float = 900.0, min_rows: int = 64,
-                    init_from: Path | None = None, bf16: bool = False) -> dict:
+                    init_from: Path | None = None, bf16: bool = False, certainty: float = 0.0) -> dict:
     """Train (or resume) the diffusion adapter for ``budget_min`` minutes. ``bf16``: forward and backward
-    under bfloat16 autocast (worth it only on a CPU with native bf16); the weights and optimizer stay fp32."""
+    under bfloat16 autocast (worth it only on a CPU with native bf16); the weights and optimizer stay fp32.
+    ``certainty`` > 0: certainty forcing (``masked_diffusion_loss``) on the greedy answers only (a sampled
+    answer is uncertain by design), windows anywhere in the answer (``answer_window``)."""
     from peft import get_peft_model_state_dict, set_peft_model_state_dict
 
     budget = budget_seconds(budget_min)
-    rows = load_rows(work)
+    rows = training_rows(work, certainty)
     if len(rows) < min_rows:
         raise ExplorerError(f"only {len(rows)} answers in {work / 'data'}; run the data stage first "
                             f"(at least {min_rows} needed)")
@@ -172,6 +220,9 @@ def train_diffusion(work: Path, budget_min: float, rank: int = 16, batch: int = 
                              if k in old})
         progress["init_from"] = str(init_from)
     progress["runs"] += 1
+    if certainty > 0:
+        progress["certainty"] = certainty
+        progress.setdefault("certainty_from_step", progress["steps"])
     heldout = heldout_answers(work, target, tok)
     gen = torch.Generator().manual_seed(seed + 7919 * progress["runs"])
     model.train()
@@ -189,7 +240,7 @@ def train_diffusion(work: Path, budget_min: float, rank: int = 16, batch: int = 
     bar = tqdm(desc="diffusion", total=int(budget), unit="s")
     step_in_run, done = 0, False
     while not done:
-        rows = load_rows(work)
+        rows = training_rows(work, certainty)
         order = torch.randperm(len(rows), generator=gen).tolist()
         for start_i in range(0, len(order) - batch + 1, batch):
             elapsed = time.time() - start
@@ -202,10 +253,13 @@ def train_diffusion(work: Path, budget_min: float, rank: int = 16, batch: int = 
             opt.zero_grad(set_to_none=True)
             total = 0.0
             for i in order[start_i:start_i + batch]:  # one sequence per pass: no padding in the attention
-                answer = crop_answer(rows[i]["answer_ids"], eos, DIFFUSION_ANSWER_TOKENS)
+                prompt, answer = rows[i]["prompt_ids"], rows[i]["answer_ids"]
+                if certainty > 0:
+                    prompt, answer = answer_window(prompt, answer, DIFFUSION_ANSWER_TOKENS, gen)
+                answer = crop_answer(answer, eos, DIFFUSION_ANSWER_TOKENS)
                 t = float(torch.rand((), generator=gen)) * (1 - 1e-3) + 1e-3
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                    loss = masked_diffusion_loss(model, rows[i]["prompt_ids"], answer, mask_id, t, gen) / batch
+                    loss = masked_diffusion_loss(model, prompt, answer, mask_id, t, gen, certainty) / batch
                 loss.backward()
                 total += float(loss.detach())
                 progress["answer_tokens_seen"] += len(answer)
