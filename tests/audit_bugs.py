@@ -6,7 +6,7 @@ Each mirrors a bug the audit models exactly (``explorer.measure.audit.BUGS``).
 import torch
 
 from explorer.decoding import acceptance, drafters, sampling, speculative
-from explorer.families import eagle
+from explorer.families.eagle import head as eagle  # the module that calls warp_logits and sample
 
 
 def no_residual(monkeypatch):
