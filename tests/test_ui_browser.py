@@ -98,7 +98,9 @@ def test_projector_lanes_move_together_plots_go_live_and_narration_names_the_ste
     plotted = [round(t - clicked) for t in plot_changes]
     assert max(gaps) < 1000, (f"{max(gaps):.0f} ms without motion, between {before} and {frames[worst]['state']} "
                               f"(ending {stamps[worst + 1] - clicked:.0f} ms after the click); plots at {plotted}")
-    # step back until the speculative lane's latest step holds a rejection; the narration must name its tokens
+    # step back until the speculative lane's latest step holds a rejection; the narration must name its tokens.
+    # The replay steps only once the finished run is in (its scrubber moved off 0); before that a click changes nothing.
+    page.wait_for_function("Number(document.querySelector('#scrubber input[type=number]').value) > 0", timeout=30_000)
     for _ in range(60):
         if page.locator("#lanes .lane-speculative .step.last .rej").count():
             break
