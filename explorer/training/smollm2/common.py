@@ -6,6 +6,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -33,10 +34,13 @@ def load_target(work: Path):
         model.hf_quantizer = None  # the weights are already dequantized to fp32: save them plainly
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-        tmp = work / "target.tmp"
+        tmp = work / f"target.tmp{os.getpid()}"  # two stages started at once each write their own copy
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        tmp.rename(cached)
+        try:
+            tmp.rename(cached)
+        except OSError:  # the other stage got there first: its copy is the same weights
+            shutil.rmtree(tmp)
     tok = AutoTokenizer.from_pretrained(cached)
     model = AutoModelForCausalLM.from_pretrained(cached, dtype=torch.float32).eval().requires_grad_(False)
     return model, tok
