@@ -6,8 +6,8 @@ text, acceptance and the diffusion lane's output.
 Each directory is an ``assets/models`` folder (tiny/ and smollm2-135m/); each side runs in its own process with
 the loaders pointed at it, float32 compute, one thread, temperature 0. Printed per prompt, BEFORE against each
 AFTER: whether the tiny target's greedy AR text is the same, the speculative acceptance with tiny's draft
-(gamma 4) and SmolLM2's draft (gamma 3), and the tiny diffusion model's text (default steps, temperature 0)
-with its per-position agreement.
+(gamma 4) and SmolLM2's draft (gamma 4, 8 held-out chat prompts), and the tiny diffusion model's text (default
+steps, temperature 0) with its per-position agreement.
 """
 
 from __future__ import annotations
@@ -22,17 +22,20 @@ sys.path.insert(0, str(ROOT))
 
 TINY_PROMPTS = ["def fibonacci(n):", "import os\n\n\ndef main():", "class Stack:\n    def __init__(self):",
                 "for i in range(10):"]
+SMOLLM2_PROMPTS = 8
 
 
 def run_side(models_dir: Path, tokens: int) -> dict:
     import torch
 
     import explorer
-    from explorer import models as m
+    from explorer.families.smollm2 import load as smol_load
+    from explorer.families.tiny import load as tiny_load
     from explorer.training.prompts import chat_prompts
 
     torch.set_num_threads(1)
-    m.TINY_DIR, m.SMOLLM2_DIR = models_dir / "tiny", models_dir / "smollm2-135m"
+    # the loaders read their folders from their family modules (explorer/families/*/load.py)
+    tiny_load.TINY_DIR, smol_load.SMOLLM2_DIR = models_dir / "tiny", models_dir / "smollm2-135m"
     out: dict = {"tiny": [], "smollm2": []}
     tiny = explorer.load_models("tiny", device="cpu", precision="float32")
     for p in TINY_PROMPTS:
@@ -42,10 +45,10 @@ def run_side(models_dir: Path, tokens: int) -> dict:
         out["tiny"].append({"prompt": p, "ar": ar.token_ids, "text": ar.text, "spec_same": sp.token_ids == ar.token_ids,
                             "acceptance": sp.stats["acceptance_rate"], "diff": df.token_ids, "diff_text": df.text})
     smol = explorer.load_models("smollm2-135m", device="cpu", precision="float32")
-    prompts = [r["prompt"] for r in chat_prompts("heldout")][:4]
+    prompts = [r["prompt"] for r in chat_prompts("heldout")][:SMOLLM2_PROMPTS]
     for p in prompts:
         ar = explorer.decode("autoregressive", smol, p, max_new_tokens=tokens)
-        sp = explorer.decode("speculative", smol, p, max_new_tokens=tokens, gamma=3, drafter="model")
+        sp = explorer.decode("speculative", smol, p, max_new_tokens=tokens, gamma=4, drafter="model")
         out["smollm2"].append({"prompt": p, "spec_same": sp.token_ids == ar.token_ids,
                                "acceptance": sp.stats["acceptance_rate"],
                                "tokens_per_target_pass": sp.stats["tokens_per_target_pass"]})
@@ -85,7 +88,7 @@ def report(b: dict, a: dict) -> None:
         print(f"    diffusion: per-position agreement {agree:.3f}\n      before: {x['diff_text']!r}\n"
               f"      after:  {y['diff_text']!r}")
     for x, y in zip(b["smollm2"], a["smollm2"], strict=True):
-        print(f"smollm2 {x['prompt'][:50]!r:54} draft acceptance (gamma 3) {x['acceptance']:.3f} -> "
+        print(f"smollm2 {x['prompt'][:50]!r:54} draft acceptance (gamma 4) {x['acceptance']:.3f} -> "
               f"{y['acceptance']:.3f}; tokens/pass {x['tokens_per_target_pass']:.2f} -> "
               f"{y['tokens_per_target_pass']:.2f}; spec == AR: {x['spec_same']}/{y['spec_same']}")
     for fam in ("tiny", "smollm2"):

@@ -15,6 +15,13 @@ scale stored in float16, rounded up so no element clips; float32 if float16 cann
 most half a step, ``scale / 2``, per element. Two values share a byte: element ``2j`` in the low nibble,
 ``2j + 1`` in the high one, each stored as ``q + 8`` (1..15; -8 is never produced). A tensor whose row length
 is not a multiple of ``G`` falls back to int8 rows in the same file; small and 1-D tensors are as above.
+
+**Differences from a reference** (``reference=`` on save and load; marker ``{"delta": "[names]"}``): a model
+made by fine-tuning copies of another model's tensors (the SmolLM2 draft: the target's first layers and its
+embedding rows as the head) stores, for each tensor named there, the quantized difference ``w - ref``
+instead of ``w``; the loader adds the reference back. The difference is a few percent of the weight, so its
+int4 error is a few percent of a few percent: smaller than int8 rows of the weight itself, at half the bytes.
+A file with differences cannot be read without its reference (``load_weights`` says so).
 """
 
 from __future__ import annotations
@@ -75,13 +82,19 @@ def dequantize_groups(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor
 
 
 def compact_state(state: dict[str, torch.Tensor], min_numel: int = MIN_NUMEL, bits: int = 8,
-                  group: int = GROUP) -> dict[str, torch.Tensor]:
-    """The tensors a compact file stores for ``state`` (see the module docstring); ``bits`` 8 or 4."""
+                  group: int = GROUP, reference: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The tensors a compact file stores for ``state`` (see the module docstring); ``bits`` 8 or 4; a tensor
+    named in ``reference`` (same shape) is stored as its difference from it."""
     if bits not in (8, 4):
         raise ValueError(f"bits must be 8 or 4, not {bits}")
     out = {}
     for name, t in state.items():
         t = t.detach().cpu()
+        if reference is not None and name in reference:
+            ref = reference[name].detach().cpu()
+            if ref.shape != t.shape or not t.is_floating_point():
+                raise ValueError(f"reference for {name} has shape {tuple(ref.shape)}, the tensor {tuple(t.shape)}")
+            t = t.float() - ref.float()
         if not t.is_floating_point():
             out[name] = t.contiguous()
         elif t.dim() == 2 and t.numel() >= min_numel and bits == 4 and t.shape[1] % group == 0:
@@ -96,11 +109,15 @@ def compact_state(state: dict[str, torch.Tensor], min_numel: int = MIN_NUMEL, bi
 
 
 def save_compact(state: dict[str, torch.Tensor], path: Path | str, min_numel: int = MIN_NUMEL, bits: int = 8,
-                 group: int = GROUP) -> None:
+                 group: int = GROUP, reference: dict[str, torch.Tensor] | None = None) -> None:
+    """Write ``state`` compactly; the tensors named in ``reference`` as differences from it (see above)."""
     from safetensors.torch import save_file
 
     meta = {"format": FORMAT} if bits == 8 else {"format": FORMAT4, "group": str(group)}
-    save_file(compact_state(state, min_numel, bits, group), str(path), metadata=meta)
+    delta = sorted(n for n in state if reference is not None and n in reference)
+    if delta:
+        meta["delta"] = json.dumps(delta)
+    save_file(compact_state(state, min_numel, bits, group, reference), str(path), metadata=meta)
 
 
 def compact_format(path: Path | str) -> str | None:
@@ -132,12 +149,34 @@ def dequantize(stored: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_weights(path: Path | str) -> dict[str, torch.Tensor]:
-    """The state dict in ``path``, compact (dequantized to float32) or plain (as stored)."""
+def delta_names(path: Path | str) -> list[str]:
+    """The tensors ``path`` stores as differences from a reference (empty for most files)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return json.loads((f.metadata() or {}).get("delta", "[]"))
+
+
+def load_weights(path: Path | str, reference=None) -> dict[str, torch.Tensor]:
+    """The state dict in ``path``, compact (dequantized to float32) or plain (as stored).
+
+    ``reference(name, state)``: the tensor a difference was taken from (``state``: the file's other tensors,
+    e.g. a draft's kept token ids), for the files that store differences (``delta_names``)."""
     from safetensors.torch import load_file
 
     stored = load_file(str(path))
-    return dequantize(stored) if is_compact(path) else stored
+    if not is_compact(path):
+        return stored
+    state = dequantize(stored)
+    names = delta_names(path)
+    if names and reference is None:
+        raise ExplorerError(f"{path} stores differences from another model's weights; load it with that model")
+    for name in names:
+        ref = reference(name, state)
+        if ref is None or tuple(ref.shape) != tuple(state[name].shape):
+            raise ExplorerError(f"{path}: no reference of shape {tuple(state[name].shape)} for {name}")
+        state[name] = state[name] + ref.detach().to(device="cpu", dtype=torch.float32)
+    return state
 
 
 def from_pretrained(auto_class, folder: Path | str, dtype: torch.dtype = torch.float32):
@@ -185,9 +224,10 @@ if __name__ == "__main__":
     main()
 
 
-def read_draft_files(path: Path) -> tuple[dict, dict, Path]:
+def read_draft_files(path: Path, reference=None) -> tuple[dict, dict, Path]:
     """(Llama config without our own keys, tensors, the weights file) of a saved draft folder; a missing
-    or corrupt file raises ExplorerError naming it (shared by the trimmed draft and the EAGLE head)."""
+    or corrupt file raises ExplorerError naming it (shared by the trimmed draft and the EAGLE head);
+    ``reference`` as for ``load_weights``."""
     from safetensors import SafetensorError
 
     config_file, weights_file = path / "config.json", path / "model.safetensors"
@@ -196,7 +236,7 @@ def read_draft_files(path: Path) -> tuple[dict, dict, Path]:
             raise ExplorerError(f"draft file missing: {f}")
     try:
         raw = json.loads(config_file.read_text())
-        state = load_weights(weights_file)
+        state = load_weights(weights_file, reference)
     except (json.JSONDecodeError, SafetensorError, OSError) as exc:
         bad = config_file if isinstance(exc, json.JSONDecodeError) else weights_file
         raise ExplorerError(f"draft file is corrupt: {bad} ({exc})") from None

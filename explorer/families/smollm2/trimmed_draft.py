@@ -10,7 +10,10 @@ The head costs K x hidden multiply-adds per token instead of V x hidden (8192 vs
 
 On disk (``save_trimmed_draft``): ``config.json`` (a Llama config with the draft's depth and the
 target's vocabulary size, plus ``kept_vocab``) and ``model.safetensors`` (layers, norm, head,
-kept ids; no embedding), compact (int8 rows, ``explorer.compact_weights``) or plain: both load.
+kept ids; no embedding), compact or plain: both load. Given the target, the compact form stores each layer
+matrix as its int4 difference from the target layer it was copied from, and the head as its difference from
+the target's embedding rows of the kept tokens (``explorer.compact_weights``, "differences from a reference"):
+half the bytes of int8 rows, and closer to the trained weights.
 """
 
 from __future__ import annotations
@@ -72,8 +75,23 @@ class TrimmedHeadDraft(nn.Module):
         return CausalLMOutputWithPast(logits=logits, past_key_values=out.past_key_values)
 
 
-def save_trimmed_draft(draft: TrimmedHeadDraft, out_dir: Path, dtype: torch.dtype | None = None) -> None:
-    """Write the draft folder: compact weights (``explorer.compact_weights``), or plain in ``dtype`` if given."""
+def target_reference(target: nn.Module):
+    """``reference(name, state)`` for ``compact_weights``: the target tensor a draft tensor was copied from
+    (the head: the target's embedding rows of the draft's kept ids); None for the draft's own tensors."""
+    own = dict(target.named_parameters())
+
+    def reference(name: str, state: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        if name == "lm_head.weight":
+            return target.get_input_embeddings().weight[state["kept_ids"].to(target.device)]
+        return own.get(name)
+
+    return reference
+
+
+def save_trimmed_draft(draft: TrimmedHeadDraft, out_dir: Path, dtype: torch.dtype | None = None,
+                       target: nn.Module | None = None) -> None:
+    """Write the draft folder: compact weights (``explorer.compact_weights``; with ``target``, its matrices as
+    int4 differences from the target's), or plain in ``dtype`` if given."""
     from safetensors.torch import save_file
 
     from explorer.compact_weights import save_compact
@@ -84,7 +102,11 @@ def save_trimmed_draft(draft: TrimmedHeadDraft, out_dir: Path, dtype: torch.dtyp
                    "embedding": "shared with the target (not stored)"})
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     state = {k: v for k, v in draft.state_dict().items() if not k.startswith("model.embed_tokens")}
-    if dtype is None:
+    if dtype is None and target is not None:
+        ref = target_reference(target)
+        matrices = {n: r for n, t in state.items() if t.dim() == 2 and (r := ref(n, state)) is not None}
+        save_compact(state, out_dir / "model.safetensors", bits=4, reference=matrices)
+    elif dtype is None:
         save_compact(state, out_dir / "model.safetensors")
     else:
         save_file({k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in state.items()},
@@ -98,7 +120,7 @@ def load_trimmed_draft(path: Path, target: nn.Module, dtype: torch.dtype) -> Tri
     """
     from transformers import LlamaConfig
 
-    raw, state, weights_file = read_draft_files(path)
+    raw, state, weights_file = read_draft_files(path, target_reference(target))
     config = LlamaConfig(**raw)
     if config.vocab_size != target.config.vocab_size or "kept_ids" not in state:
         raise ExplorerError(f"draft file {weights_file} does not match the target (vocabulary "

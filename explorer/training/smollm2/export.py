@@ -40,7 +40,7 @@ def export(work: Path, out: Path | None = None) -> dict:
         ckpt = torch.load(draft_ckpt)
         draft = build_draft(target, ckpt["kept_ids"], ckpt["layers"])
         draft.load_state_dict(ckpt["model"], strict=False)
-        save_trimmed_draft(draft, out / "draft")
+        save_trimmed_draft(draft, out / "draft", target=target)
         report["draft"] = {"layers": ckpt["layers"], "kept_vocab": len(ckpt["kept_ids"]), **ckpt["progress"],
                            "params_without_embedding": sum(p.numel() for n, p in draft.named_parameters()
                                                            if "embed_tokens" not in n)}
