@@ -12,10 +12,13 @@ import math
 import sys
 from dataclasses import fields
 
-from explorer.decoding.config import METHODS, DecodeConfig
+import explorer
+from explorer.app.hosting import deploy_space
+from explorer.decoding.config import METHODS, DecodeConfig, validate, validate_prompt
 from explorer.decoding.flags import add_model_arguments, add_option_arguments, option_help
 from explorer.engine import commands as engine_commands
 from explorer.errors import ExplorerError
+from explorer.measure import bench_cli, decide_cli
 from explorer.models import DEFAULT_PRESET
 
 DECODE_OPTIONS = [f.name for f in fields(DecodeConfig)]  # one flag each: --max-new-tokens ...
@@ -75,12 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     engine_commands.add_arguments(e, _Parser)
     dc = sub.add_parser("decide", help="the deployment checklist on your prompts: acceptance by group, the tail, "
                         "batch, memory, a swap, diffusion, and a verdict per group")
-    from explorer.measure import decide_cli
-
     decide_cli.add_arguments(dc)
     b = sub.add_parser("bench", help="run a workload and print p50/p95/p99")
-    from explorer.measure import bench_cli
-
     bench_cli.add_arguments(b)
     return parser
 
@@ -90,9 +89,6 @@ def _options(args: argparse.Namespace, names: list[str]) -> dict:
 
 
 def run_decode(args: argparse.Namespace) -> int:
-    import explorer
-    from explorer.decoding.config import validate, validate_prompt
-
     options = _options(args, DECODE_OPTIONS)
     validate(args.method, DecodeConfig(**options))  # before the (slow) model load
     validate_prompt(args.prompt)
@@ -110,8 +106,7 @@ def run_decode(args: argparse.Namespace) -> int:
 
 
 def run_audit_command(args: argparse.Namespace) -> int:
-    import explorer
-    from explorer.measure.audit import report_lines, run_audit
+    from explorer.measure.audit import report_lines, run_audit  # deferred: scipy (~1 s) via explorer.measure.audit
 
     if args.samples is not None and args.samples < 10:
         raise ExplorerError("--samples must be at least 10")
@@ -121,8 +116,6 @@ def run_audit_command(args: argparse.Namespace) -> int:
         raise ExplorerError("--prefix-tokens must be between 1 and 4")
     options = _options(args, AUDIT_OPTIONS)
     options.setdefault("temperature", 1.0)
-    from explorer.decoding.config import validate, validate_prompt
-
     validate("speculative", DecodeConfig(**options))
     validate_prompt(args.prompt)
     models = explorer.load_models(args.preset, device=args.device, dtype=args.dtype, precision=args.precision)
@@ -143,7 +136,10 @@ def _progress(done: int, total: int) -> None:
 
 
 def run_loadtest(args: argparse.Namespace) -> int:
-    from explorer.measure.loadtest import require_loopback, run_load
+    from explorer.measure.loadtest import (  # deferred: gradio (~2.5 s) via explorer.measure.loadtest
+        require_loopback,
+        run_load,
+    )
 
     if not 1 <= args.clients <= 64 or not 1 <= args.runs <= 10_000:
         raise ExplorerError("--clients must be 1..64 and --runs 1..10000")
@@ -179,15 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "engine":
             return engine_commands.run(args)
         if args.command == "decide":
-            from explorer.measure import decide_cli
-
             return decide_cli.run(args)
         if args.command == "deploy-space":
-            from explorer.app.hosting import deploy_space
-
             return deploy_space(args.repo, args.dry_run, args.out, args.private)
-        from explorer.measure import bench_cli
-
         return bench_cli.run(args)
     except ExplorerError as exc:
         print(f"error: {exc}", file=sys.stderr)

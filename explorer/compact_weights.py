@@ -26,10 +26,13 @@ A file with differences cannot be read without its reference (``load_weights`` s
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
 
 from explorer.errors import ExplorerError
 
@@ -111,8 +114,6 @@ def compact_state(state: dict[str, torch.Tensor], min_numel: int = MIN_NUMEL, bi
 def save_compact(state: dict[str, torch.Tensor], path: Path | str, min_numel: int = MIN_NUMEL, bits: int = 8,
                  group: int = GROUP, reference: dict[str, torch.Tensor] | None = None) -> None:
     """Write ``state`` compactly; the tensors named in ``reference`` as differences from it (see above)."""
-    from safetensors.torch import save_file
-
     meta = {"format": FORMAT} if bits == 8 else {"format": FORMAT4, "group": str(group)}
     delta = sorted(n for n in state if reference is not None and n in reference)
     if delta:
@@ -122,8 +123,6 @@ def save_compact(state: dict[str, torch.Tensor], path: Path | str, min_numel: in
 
 def compact_format(path: Path | str) -> str | None:
     """FORMAT or FORMAT4 by ``path``'s metadata marker, None for a plain file (the tensors are not read)."""
-    from safetensors import safe_open
-
     with safe_open(str(path), framework="pt") as f:
         fmt = (f.metadata() or {}).get("format")
     return fmt if fmt in FORMATS else None
@@ -151,8 +150,6 @@ def dequantize(stored: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def delta_names(path: Path | str) -> list[str]:
     """The tensors ``path`` stores as differences from a reference (empty for most files)."""
-    from safetensors import safe_open
-
     with safe_open(str(path), framework="pt") as f:
         return json.loads((f.metadata() or {}).get("delta", "[]"))
 
@@ -162,8 +159,6 @@ def load_weights(path: Path | str, reference=None) -> dict[str, torch.Tensor]:
 
     ``reference(name, state)``: the tensor a difference was taken from (``state``: the file's other tensors,
     e.g. a draft's kept token ids), for the files that store differences (``delta_names``)."""
-    from safetensors.torch import load_file
-
     stored = load_file(str(path))
     if not is_compact(path):
         return stored
@@ -182,7 +177,7 @@ def load_weights(path: Path | str, reference=None) -> dict[str, torch.Tensor]:
 def from_pretrained(auto_class, folder: Path | str, dtype: torch.dtype = torch.float32):
     """``auto_class.from_pretrained(folder, dtype=dtype)`` that also reads a compact ``model.safetensors``:
     the model is built from ``config.json`` and given the dequantized state (tied weights tied again)."""
-    from transformers import AutoConfig, GenerationConfig
+    from transformers import AutoConfig, GenerationConfig  # deferred: transformers auto classes (~0.4 s to import)
 
     folder = Path(folder)
     weights = folder / "model.safetensors"
@@ -201,12 +196,9 @@ def from_pretrained(auto_class, folder: Path | str, dtype: torch.dtype = torch.f
     return model.to(dtype).eval()
 
 
-
 def main(argv: list[str] | None = None) -> None:
     """Rewrite ``.safetensors`` files in the compact form, in place (files already in that form are left alone;
     an int8 file given --bits 4 is converted from its dequantized values: convert from the original instead)."""
-    import argparse
-
     ap = argparse.ArgumentParser(prog="python -m explorer.compact_weights", description=main.__doc__)
     ap.add_argument("files", nargs="+", type=Path)
     ap.add_argument("--bits", type=int, choices=(8, 4), default=8)
@@ -220,16 +212,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{path}: {before / 2**20:.2f} -> {path.stat().st_size / 2**20:.2f} MiB")
 
 
-if __name__ == "__main__":
-    main()
-
-
 def read_draft_files(path: Path, reference=None) -> tuple[dict, dict, Path]:
     """(Llama config without our own keys, tensors, the weights file) of a saved draft folder; a missing
     or corrupt file raises ExplorerError naming it (shared by the trimmed draft and the EAGLE head);
     ``reference`` as for ``load_weights``."""
-    from safetensors import SafetensorError
-
     config_file, weights_file = path / "config.json", path / "model.safetensors"
     for f in (config_file, weights_file):
         if not f.exists():
@@ -242,3 +228,7 @@ def read_draft_files(path: Path, reference=None) -> tuple[dict, dict, Path]:
         raise ExplorerError(f"draft file is corrupt: {bad} ({exc})") from None
     own = ("architectures", "kept_vocab", "embedding", "lm_head")
     return {k: v for k, v in raw.items() if k not in own}, state, weights_file
+
+
+if __name__ == "__main__":
+    main()

@@ -23,6 +23,7 @@ from explorer.families.eagle import build_eagle_head  # noqa: F401
 from explorer.families.random_tiny import build_random_eagle, build_random_llama  # noqa: F401
 from explorer.families.smollm2 import SMOLLM2_DIR, SMOLLM2_HUB_ID, smollm2_gguf_path  # noqa: F401
 from explorer.families.tiny import TINY_DIR  # noqa: F401
+from explorer.precision import apply_precision, parse_preset, resolve_precision
 from explorer.runtime import (  # noqa: F401
     ASSETS,
     LOADERS,
@@ -93,8 +94,6 @@ def load_models(preset: str = DEFAULT_PRESET, device: str = "auto", dtype: str |
     ``precision`` (explorer/precision; or ``preset="name@precision"``): float32, float32-exact,
     bfloat16-weights or int8. None: the preset's default (its fastest exact one on a CPU when it has
     ``exact_on_cpu`` and no dtype is given, else the dtype's torch path)."""
-    from explorer.precision import parse_preset, resolve_precision
-
     preset, named = parse_preset(preset)
     if named is not None and precision is not None and named != precision:
         raise ExplorerError(f"precision {precision!r} contradicts the preset's @{named}; give one of them")
@@ -176,14 +175,16 @@ def _load_uncached(name: str, device: torch.device, dtype: torch.dtype, hub_ids:
         models.diffusion.to(torch.bfloat16)  # the diffusion model is the preset's own copy, never the target
         models.names["diffusion"] = f"{models.names.get('diffusion', 'diffusion')} in bfloat16 (native on this CPU)"
     if precision is not None:  # after the loaders: the diffusion adapter copied the float32 target first
-        from explorer.precision import apply_precision
-
         apply_precision(models, precision)
     return models
 
 
 def _load_hub(preset: Preset, device: torch.device, dtype: torch.dtype) -> Models:
-    from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
+    from transformers import (  # deferred: transformers auto classes (~0.4 s to import)
+        AutoModel,
+        AutoModelForCausalLM,
+        AutoTokenizer,
+    )
 
     for model_id in filter(None, [preset.target, preset.draft, preset.diffusion]):
         require_network(model_id)

@@ -17,7 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub import try_to_load_from_cache
+from tokenizers import Tokenizer, decoders, pre_tokenizers
+from tokenizers.models import BPE
 from torch import nn
+from transformers import PreTrainedTokenizerFast
 
 from explorer.errors import ExplorerError
 
@@ -174,8 +178,6 @@ def make_bidirectional(model: nn.Module) -> nn.Module:
 
 def require_network(model_id: str) -> None:
     """Fail fast, with one clear line, when a hub model is neither cached nor reachable."""
-    from huggingface_hub import try_to_load_from_cache
-
     if isinstance(try_to_load_from_cache(model_id, "config.json"), str):
         return
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false")
@@ -190,12 +192,9 @@ def require_network(model_id: str) -> None:
 
 def build_byte_tokenizer():
     """A byte-level tokenizer with no merges: 256 byte tokens + eos, pad, mask."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok = Tokenizer(BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(["<|endoftext|>", "<|pad|>", "<|mask|>"])

@@ -30,6 +30,7 @@ import json
 import sys
 from pathlib import Path
 
+from explorer.training import smollm2
 from explorer.training.tiny.pipeline import DEFAULT_OUT, remeasure_latency, train_all
 
 
@@ -51,8 +52,6 @@ def main(argv=None) -> None:
     """Entry point of ``python -m explorer.train`` (``... train smollm2 STAGE`` for the SmolLM2 family)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["smollm2"]:
-        from explorer.training import smollm2
-
         smollm2.main(argv[1:])
         return
     args = parse_args(argv)

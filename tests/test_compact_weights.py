@@ -7,8 +7,6 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from explorer.errors import ExplorerError
-
 from explorer.compact_weights import (
     FORMAT,
     FORMAT4,
@@ -24,6 +22,7 @@ from explorer.compact_weights import (
     quantize_groups,
     save_compact,
 )
+from explorer.errors import ExplorerError
 
 ROOT = Path(__file__).resolve().parents[1]
 TREE_LIMIT = 52 * 2**20

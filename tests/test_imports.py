@@ -4,15 +4,20 @@ The graph is read from the source (``ast``), so a deferred ``import`` inside a f
 top: it is a cycle all the same, only hidden. An import that points into ``explorer`` is an edge; one to a
 package (``explorer.app``) points at its ``__init__``. A module that imports its own package's ``__init__``
 does not count (a package re-exporting its modules is not a knot in the layers).
+
+An import inside a function is allowed only for a heavy or optional dependency, and says so on its (first) line:
+``# deferred: <the dependency and its cost>``. Everything else is imported at the top of its module.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "explorer"
+DEFERRED = re.compile(r"#\s*deferred:\s*\S")  # a comment that names what is deferred and why
 
 
 def module_name(path: Path) -> str:
@@ -93,6 +98,45 @@ def test_the_cycle_finder_sees_a_cycle_through_a_deferred_import():
     graph = {k: {t for t in v if t in graph} for k, v in graph.items()}
     assert find_cycles(graph) == [["explorer.a", "explorer.b"]]
     assert find_cycles({"explorer.a": {"explorer.b"}, "explorer.b": set()}) == []
+
+
+
+def unmarked_deferred_imports(source: str) -> list[int]:
+    """The lines of the imports inside a function body whose (first) line has no ``# deferred: <reason>``."""
+    lines = source.splitlines()
+    found = set()
+    for fn in ast.walk(ast.parse(source)):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                if isinstance(node, (ast.Import, ast.ImportFrom)) and not DEFERRED.search(lines[node.lineno - 1]):
+                    found.add(node.lineno)
+    return sorted(found)
+
+
+def test_every_function_level_import_says_why_it_is_deferred():
+    unmarked = [f"{p.relative_to(ROOT)}:{n}" for p in sorted(PACKAGE.rglob("*.py"))
+                for n in unmarked_deferred_imports(p.read_text())]
+    assert not unmarked, ("imports inside a function without '# deferred: <reason>' (move them to the top of the "
+                          "module, or name the heavy dependency they defer): " + ", ".join(unmarked))
+
+
+def test_the_deferral_check_flags_an_unannotated_function_level_import():
+    """Negative control: a bare import, an empty reason, a comment off the first line and a nested function's import
+    are flagged; a module-level import and an annotated one (also on a multi-line import) are not."""
+    source = ("import json\n"
+              "def f():\n"
+              "    import copy\n"
+              "    from transformers import (  # deferred: transformers (~2 s to import)\n"
+              "        AutoConfig,\n"
+              "    )\n"
+              "    from peft import PeftModel  # deferred:\n"
+              "    from explorer.app import (\n"
+              "        ui,  # deferred: gradio\n"
+              "    )\n"
+              "    def g():\n"
+              "        import csv  # noqa\n")
+    assert unmarked_deferred_imports(source) == [3, 7, 8, 12]
+    assert unmarked_deferred_imports("def f():\n    import peft  # deferred: peft (optional)\n") == []
 
 
 def test_every_module_is_under_400_lines():

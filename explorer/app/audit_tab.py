@@ -16,7 +16,11 @@ AUDIT_MAX_SAMPLES = 2000  # one audit request holds the decode slot: bounded
 @gpu(hosting.run_duration)
 def run_audit_tab(prompt: str, preset: str, temperature: float, top_k: int, gamma: int) -> str:
     """The audit of the current prompt and preset, in words (``audit.report_lines``)."""
-    from explorer.measure.audit import headline, report_lines, run_audit
+    from explorer.measure.audit import (  # deferred: scipy (~1 s) via explorer.measure.audit
+        headline,
+        report_lines,
+        run_audit,
+    )
 
     try:
         validate_prompt(prompt)

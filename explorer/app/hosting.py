@@ -15,9 +15,14 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
+import torch
+from huggingface_hub import HfApi
+
 from explorer.errors import ExplorerError
+from explorer.models import GPU_KINDS, PRESETS
 
 try:  # Hugging Face ZeroGPU: ask for a GPU while a decoding handler runs, for as long as its preset needs
     import spaces
@@ -59,10 +64,6 @@ def on_space() -> bool:
 
 def preset_choices(cuda: bool | None = None) -> tuple[list[str], str | None]:
     """The presets the UI offers, and a note on what is hidden and why (``None`` if nothing GPU-only is)."""
-    import torch
-
-    from explorer.models import GPU_KINDS, PRESETS
-
     cuda = torch.cuda.is_available() if cuda is None else cuda
     shown = [name for name, p in PRESETS.items() if p.kind != "gemma-random" and (cuda or p.kind not in GPU_KINDS)]
     # a preset that runs an exact reduced precision on a CPU by default is offered in torch's float32 too, under its
@@ -191,8 +192,6 @@ def check_bundle(folder: Path) -> list[str]:
 
 def deploy_space(repo: str, dry_run: bool = False, out: Path | None = None, private: bool = False) -> int:
     """Build, check and (unless ``dry_run``) upload the Space; prints the listing. Returns an exit status."""
-    import tempfile
-
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(out) if out else Path(tmp) / "space"
         listing = build_bundle(folder)
@@ -205,8 +204,6 @@ def deploy_space(repo: str, dry_run: bool = False, out: Path | None = None, priv
         if dry_run:
             print(f"checked; not uploaded (--dry-run){f': bundle in {folder}' if out else ''}")
             return 0
-        from huggingface_hub import HfApi
-
         api = HfApi()
         try:
             api.create_repo(repo, repo_type="space", space_sdk="gradio", private=private, exist_ok=True)

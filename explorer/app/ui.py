@@ -17,6 +17,7 @@ import pandas as pd
 
 from explorer.app import hosting, plots
 from explorer.app.audit_tab import AUDIT_MAX_SAMPLES, run_audit_tab
+from explorer.app.decide_tab import build_decide_tab
 from explorer.app.handlers import (
     HISTORY_LIMIT,
     LONG_PROMPT_TOKENS,
@@ -312,7 +313,7 @@ def build_demo(default_preset: str = DEFAULT_PRESET) -> gr.Blocks:
             with gr.Tab("Measure: percentiles and workloads"):
                 _build_measure(c)
             if not hosting.on_space():  # a public Space must not fetch URLs its visitors type
-                from explorer.app.engine_tab import build_engine_tab
+                from explorer.app.engine_tab import build_engine_tab  # deferred: openai (~0.5 s) via app.engine_tab
 
                 with gr.Tab("Engine: a live vLLM server"):
                     build_engine_tab(demo, c.speed)
@@ -323,8 +324,6 @@ def build_demo(default_preset: str = DEFAULT_PRESET) -> gr.Blocks:
             with gr.Tab("Audit: is it lossless?"):
                 _build_audit(c)
             with gr.Tab("Deployment checklist"):
-                from explorer.app.decide_tab import build_decide_tab
-
                 build_decide_tab(c.preset)
         _wire(c, demo)
     return demo.queue(max_size=32, default_concurrency_limit=1)

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+import explorer
 from explorer.engine.client import run_one
 from explorer.engine.metrics import scrape
+from explorer.measure.costs import batch_costs
 
 
 @dataclass
@@ -39,8 +41,6 @@ class GreedyCheck:
 
 def greedy_check(url: str, models, prompt: str, max_tokens: int = 32, model: str | None = None) -> GreedyCheck:
     """The explorer's autoregressive greedy decode vs the engine's, on the same prompt ids."""
-    import explorer
-
     trace = explorer.decode("autoregressive", models, prompt, max_new_tokens=max_tokens, temperature=0.0)
     record = run_one(url, list(trace.prompt_ids), max_tokens=len(trace.token_ids) or 1, temperature=0.0,
                      model=model, want_ids=True, ignore_eos=True)
@@ -95,9 +95,6 @@ def predicted_gain(preset: str, spec: str, gamma: int, alpha: float, concurrenci
     preset: E[tokens per step] / (gamma * c_B + v_B), with c_B the draft/target cost ratio at batch B (0 for
     n-gram drafting) and v_B the cost of a (gamma+1)-token verify pass relative to a 1-token pass; ``noisy`` flags a
     batch whose timed passes spread too widely (``metrics.noise_flag``)."""
-    import explorer
-    from explorer.measure.costs import batch_costs
-
     models = explorer.load_models(preset)
     frame = batch_costs(models, gamma, alpha, tuple(concurrencies), reps=5, progress=False)
     expected = (1 - alpha ** (gamma + 1)) / (1 - alpha) if alpha < 1 else gamma + 1

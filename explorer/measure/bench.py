@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import psutil
 import torch
 from tqdm import tqdm
 
@@ -210,8 +211,6 @@ def _peak_memory(device: torch.device, reset: bool) -> tuple[int, str]:
             for line in f:
                 if line.startswith("VmHWM:"):
                     return int(line.split()[1]) * 1024, "peak_rss"
-    import psutil
-
     return int(psutil.Process().memory_info().rss), "rss_after"  # no resettable peak here
 
 

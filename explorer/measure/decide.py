@@ -21,6 +21,7 @@ import pandas as pd
 
 from explorer.decoding.api import encode_prompt
 from explorer.measure.bench import BenchSettings, RunConfig, fit_alpha, run_requests
+from explorer.measure.costs import batch_costs, measured_kv_bytes
 from explorer.measure.metrics import PERCENTILES, percentile, percentile_ci, ratio_ci
 from explorer.measure.workload import PromptSet
 from explorer.models import Models
@@ -193,8 +194,6 @@ def batch_sentence(batch: dict[str, object]) -> str:
 
 
 def predicted_batch(models: Models, s: DecideSettings, acceptance: float) -> dict[str, object]:
-    from explorer.measure.costs import batch_costs
-
     gamma = s.gamma or models.preset.gamma
     frame = batch_costs(models, gamma, fit_alpha(acceptance, gamma), s.batches, reps=5, progress=s.progress)
     gains = list(frame["predicted_speedup_forward"])
@@ -204,7 +203,11 @@ def predicted_batch(models: Models, s: DecideSettings, acceptance: float) -> dic
 
 
 def measured_batch(engine: str, compare: str, sets: list[PromptSet], s: DecideSettings) -> dict[str, object]:
-    from explorer.engine.bench import resolve_targets, run_bench, summary_rows
+    from explorer.engine.bench import (  # deferred: openai (~1 s) via explorer.engine.bench
+        resolve_targets,
+        run_bench,
+        summary_rows,
+    )
 
     targets = resolve_targets([("speculative", engine), ("baseline", compare)])
     prompts = [p for ps in sets for p in ps.prompts]
@@ -220,8 +223,6 @@ def measured_batch(engine: str, compare: str, sets: list[PromptSet], s: DecideSe
 # 4: the drafter's memory, measured at the traffic's context lengths
 
 def memory_rows(models: Models, frame: pd.DataFrame, drafter: str) -> list[dict[str, object]]:
-    from explorer.measure.costs import measured_kv_bytes
-
     lengths = frame["prompt_tokens"] + frame["new_tokens"]
     weights = models.memory_bytes()
     rows = []

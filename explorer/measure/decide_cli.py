@@ -22,6 +22,7 @@ from explorer.measure.bench_cli import cpu_name, load_average
 from explorer.measure.decide import (
     DecideSettings,
     batch_sentence,
+    categories,
     diffusion_rows,
     group_rows,
     measured_batch,
@@ -84,8 +85,6 @@ def _part(result: dict, name: str, fn):
 def decide(models: Models, sets: list[PromptSet], s: DecideSettings, engine: str | None = None,
            compare: str | None = None, swap: Models | None = None) -> dict:
     """Every part of the checklist; the JSON the CLI writes."""
-    from explorer.measure.decide import categories
-
     result: dict = {"errors": [], "header": header(models, sets, s)}
     frame = run_traffic(models, sets, s)
     declared = {p.category for ps in sets for p in ps.prompts if p.category}

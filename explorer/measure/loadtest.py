@@ -21,8 +21,12 @@ import urllib.parse
 from dataclasses import dataclass, field
 
 import psutil
+from gradio_client import Client
 
 import explorer
+from explorer.app import ui
+from explorer.app.handlers import RUN_OUTPUTS
+from explorer.app.lane_settings import FLAG_FIELDS, Settings
 from explorer.decoding.config import METHODS
 from explorer.errors import ExplorerError
 from explorer.measure.metrics import percentile
@@ -64,8 +68,6 @@ def require_loopback(url: str) -> None:
 
 def start_app(preset: str) -> tuple[object, str]:
     """Build the app on ``preset`` and serve it on a free loopback port; returns (demo, url)."""
-    from explorer.app import ui
-
     demo = ui.build_demo(default_preset=preset)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -78,8 +80,6 @@ def session_inputs(index: int, preset: str, max_new_tokens: int) -> tuple:
     """Each session: its own prompt and seed, sampled at temperature 0.8 so outputs differ by session.
     The /run inputs: prompt, preset, lanes, then explorer.app.ui.Settings in field order, then the playback speed
     (real time here: the load test measures serving, not the animation)."""
-    from explorer.app.lane_settings import FLAG_FIELDS, Settings
-
     prompt = f"def handler_{index}(request):\n"
     settings = Settings(max_new_tokens=max_new_tokens, temperature=0.8, top_p=1.0, seed=1000 + index, drafter="model",
                         gamma=4, adaptive_gamma=False, tokens_per_step=2, blocks=1, remasking="low_confidence",
@@ -88,8 +88,6 @@ def session_inputs(index: int, preset: str, max_new_tokens: int) -> tuple:
 
 
 def expected_ids(models, inputs: tuple) -> dict[str, list[int]]:
-    from explorer.app.lane_settings import Settings
-
     prompt, _, lanes, *values, _speed = inputs
     settings = Settings.from_values(values)
     return {m: explorer.decode(m, models, prompt, **settings.options(m)).token_ids for m in LANES}
@@ -97,10 +95,6 @@ def expected_ids(models, inputs: tuple) -> dict[str, list[int]]:
 
 def run_load(clients: int = 8, runs: int = 3, preset: str = "tiny", url: str | None = None,
              max_new_tokens: int = 16, soak: bool = False, rss_every: int = 10) -> LoadReport:
-    from gradio_client import Client
-
-    from explorer.app.handlers import RUN_OUTPUTS
-
     demo = None
     if url is None:
         demo, url = start_app(preset)

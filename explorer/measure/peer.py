@@ -8,6 +8,7 @@ import time
 
 import pandas as pd
 import torch
+import transformers
 from tqdm import tqdm
 
 import explorer
@@ -75,8 +76,6 @@ def _ours(models: Models, method: str, prompt: str, options: dict) -> tuple[Trac
 
 def run_peer(models: Models, sets: list[PromptSet], s: BenchSettings) -> pd.DataFrame:
     """Ours and transformers', interleaved per request (order alternating by repeat), greedy, same prompt ids."""
-    import transformers
-
     transformers.logging.set_verbosity_error()  # its notices about generation kwargs would cut the progress bar
     gamma = s.gamma or models.preset.gamma
     pairs = peer_pairs(models, gamma)

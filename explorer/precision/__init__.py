@@ -13,11 +13,15 @@ keep their own precision: exactness needs the verifier consistent with itself, n
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import sys
 
 import torch
 
 from explorer.errors import ExplorerError
+from explorer.precision import kernels
+from explorer.precision.exact import make_row_invariant, use_kernels_in_eagle_head
 
 PRECISIONS = {"float32": None, "float32-exact": "float32", "bfloat16-weights": "bfloat16", "int8": "int8"}
 EXACT = tuple(p for p, fmt in PRECISIONS.items() if fmt is not None)
@@ -37,8 +41,6 @@ def resolve_precision(precision: str | None, device: torch.device, dtype: str | 
     if precision is None:
         if not exact_by_default or dtype is not None or device.type != "cpu":
             return None
-        from explorer.precision import kernels
-
         try:
             kernels.load()
         except kernels.KernelUnavailable as exc:
@@ -56,8 +58,6 @@ def resolve_precision(precision: str | None, device: torch.device, dtype: str | 
                             "on a GPU use dtype instead")
     if dtype is not None:
         raise ExplorerError(f"precision {precision!r} sets the weights' format itself; give no dtype with it")
-    from explorer.precision import kernels
-
     try:
         kernels.load()
     except kernels.KernelUnavailable as exc:
@@ -72,8 +72,6 @@ def apply_precision(models, precision: str | None):
     fmt = PRECISIONS.get(precision) if precision else None
     if fmt is None:
         return models
-    from explorer.precision.exact import make_row_invariant, use_kernels_in_eagle_head
-
     try:
         make_row_invariant(models.target, fmt)
     except ValueError as exc:
@@ -87,9 +85,6 @@ def apply_precision(models, precision: str | None):
 def converted_copy(models, precision: str):
     """A float32 bundle at another precision without loading it again: the target and EAGLE head copied and
     converted as ``load_models`` converts them, the other drafters shared (tests, benchmarks)."""
-    import copy
-    import dataclasses
-
     if PRECISIONS[precision] is None:
         return models
     bundle = dataclasses.replace(models, target=copy.deepcopy(models.target),

@@ -81,7 +81,7 @@ class FusedAttention(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
                 past_key_values=None, **kwargs) -> tuple[torch.Tensor, None]:
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # deferred: transformers Llama (~2 s)
 
         b, t, _ = hidden_states.shape
         if b != 1:
@@ -141,7 +141,7 @@ class LeanLayer(nn.Module):
 
 
 def register_attention() -> None:
-    from transformers import AttentionInterface
+    from transformers import AttentionInterface  # deferred: transformers modelling utils (~2 s to import)
 
     AttentionInterface.register(ATTENTION, row_invariant_attention)
 

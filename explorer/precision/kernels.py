@@ -48,7 +48,7 @@ def load() -> ModuleType:
         raise KernelUnavailable(f"no row-invariant kernel for a {platform.machine()} CPU")
     if shutil.which(os.environ.get("CXX", "c++")) is None:
         raise KernelUnavailable("no C++ compiler (c++) to build the row-invariant kernel")
-    from torch.utils.cpp_extension import load as load_extension
+    from torch.utils.cpp_extension import load as load_extension  # deferred: setuptools via torch.utils.cpp_extension
 
     out = build_dir()
     out.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,7 @@ On disk (``save_eagle_head``): ``config.json`` (the target's Llama config plus `
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import threading
@@ -34,8 +35,10 @@ from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import save_file
 from torch import nn
 
+from explorer.compact_weights import read_draft_files, save_compact
 from explorer.decoding.config import DecodeConfig
 from explorer.decoding.draft import Draft
 from explorer.decoding.sampling import sample, warp_logits
@@ -216,8 +219,6 @@ def is_eagle(model: Any) -> bool:
 def build_eagle_head(target: nn.Module, kept_ids: torch.Tensor) -> EagleHead:
     """A head initialised from the target's last layer (its additions to the residual damped); fc
     starts as the identity on the feature half, so the first prediction is about "the same feature"."""
-    import copy
-
     config = copy.deepcopy(target.config)
     head = EagleHead(config, kept_ids)
     last = target.model.layers[-1]
@@ -238,10 +239,6 @@ def build_eagle_head(target: nn.Module, kept_ids: torch.Tensor) -> EagleHead:
 
 def save_eagle_head(head: EagleHead, out_dir: Path, dtype: torch.dtype | None = None) -> None:
     """Write the head folder: compact weights (``explorer.compact_weights``), or plain in ``dtype`` if given."""
-    from safetensors.torch import save_file
-
-    from explorer.compact_weights import save_compact
-
     out_dir.mkdir(parents=True, exist_ok=True)
     config = head.config.to_dict()
     config.update({"architectures": ["EagleHead"], "kept_vocab": len(head.kept_ids),
@@ -256,9 +253,7 @@ def save_eagle_head(head: EagleHead, out_dir: Path, dtype: torch.dtype | None = 
 
 def load_eagle_head(path: Path, target: nn.Module, dtype: torch.dtype) -> EagleHead:
     """Load a saved head next to its target; a missing, corrupt or mismatched file names the file."""
-    from transformers import LlamaConfig
-
-    from explorer.compact_weights import read_draft_files
+    from transformers import LlamaConfig  # deferred: transformers Llama modelling (~2 s to import)
 
     raw, state, weights_file = read_draft_files(path)
     config = LlamaConfig(**raw)

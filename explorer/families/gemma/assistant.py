@@ -37,7 +37,7 @@ def assistant_kv_sharing_fix():
     answers "reuse" for every layer of a fully shared config (what the assistant's forward expects:
     no k/v projections, KV from ``shared_kv_states``) and defers to transformers otherwise.
     """
-    from transformers import Gemma4TextConfig
+    from transformers import Gemma4TextConfig  # deferred: transformers Gemma 4 modelling (~2 s to import)
 
     original = Gemma4TextConfig.kv_sharing_modes
 

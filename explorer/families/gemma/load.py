@@ -25,7 +25,7 @@ def build_random_gemma4(tokenizer: Any, seed: int = 0) -> tuple[nn.Module, nn.Mo
     """A 4-layer Gemma 4 target (per-layer embeddings, last 2 layers reuse the KV of the first 2), a
     2-layer assistant that drafts from its hidden states and shared KV, and a 2-layer mixture-of-experts
     DiffusionGemma (4 experts, canvas of 8)."""
-    from transformers import (
+    from transformers import (  # deferred: transformers Gemma 4 modelling (~2 s to import)
         DiffusionGemmaConfig,
         DiffusionGemmaForBlockDiffusion,
         DiffusionGemmaTextConfig,
@@ -68,7 +68,11 @@ def build_random_gemma4(tokenizer: Any, seed: int = 0) -> tuple[nn.Module, nn.Mo
 
 def load_gemma(preset: Any, device: torch.device, dtype: torch.dtype) -> Models:
     """``random-gemma4`` (built in memory) or ``gemma-4`` (hub ids; no remote code: all in transformers)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, DiffusionGemmaForBlockDiffusion
+    from transformers import (  # deferred: transformers Gemma 4 modelling (~2 s to import)
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        DiffusionGemmaForBlockDiffusion,
+    )
 
     if preset.target is None:
         tokenizer = build_byte_tokenizer()

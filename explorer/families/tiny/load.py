@@ -17,7 +17,10 @@ TINY_DIR = ASSETS / "models" / "tiny"
 
 
 def load_tiny(preset: Preset, device: torch.device, dtype: torch.dtype) -> Models:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import (  # deferred: transformers auto classes (~0.4 s to import)
+        AutoModelForCausalLM,
+        AutoTokenizer,
+    )
 
     root = TINY_DIR
     if not (root / preset.target / "config.json").exists():
@@ -36,7 +39,11 @@ def load_tiny(preset: Preset, device: torch.device, dtype: torch.dtype) -> Model
 
 
 def load_tiny_diffusion(device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, Any]:
-    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
+    from transformers import (  # deferred: transformers auto classes (~0.4 s to import)
+        AutoModelForCausalLM,
+        AutoModelForMaskedLM,
+        AutoTokenizer,
+    )
 
     path = TINY_DIR / "diffusion"
     config = json.loads((path / "config.json").read_text())

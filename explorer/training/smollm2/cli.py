@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from explorer.training.smollm2.diffusion import train_diffusion
 from explorer.training.smollm2.draft import train_draft
 from explorer.training.smollm2.eagle import train_eagle
 from explorer.training.smollm2.export import export
+from explorer.training.smollm2.store import compact_folder
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -65,10 +67,6 @@ def main(argv=None) -> None:
             generate_data(work, args.budget_min, batch=args.batch or 32, max_new=args.max_new, seed=args.seed,
                           part=args.part, parts=args.parts)
         elif args.stage == "compact":
-            import json
-
-            from explorer.training.smollm2.store import compact_folder
-
             print(json.dumps(compact_folder(work / "data", args.out or Path("data/smollm2-distill"))))
         elif args.stage == "draft":
             train_draft(work, args.budget_min, layers=args.layers, keep_vocab=args.keep_vocab or 8192,

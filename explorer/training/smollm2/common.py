@@ -14,7 +14,9 @@ from pathlib import Path
 import torch
 
 from explorer.errors import ExplorerError
+from explorer.models import smollm2_gguf_path
 from explorer.training.prompts import chat_prompts
+from explorer.training.smollm2.store import load_shard, shard_paths
 
 DEFAULT_WORK = Path(os.environ.get("EXPLORER_TRAIN_DIR", Path.home() / ".cache" / "decoding-explorer" / "smollm2"))
 TOP_K = 20  # teacher log-probs kept per answer position
@@ -22,12 +24,13 @@ TOP_K = 20  # teacher log-probs kept per answer position
 
 def load_target(work: Path):
     """The target, dequantized from the GGUF once and kept as fp32 safetensors in ``work/target``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import (  # deferred: transformers auto classes (~0.4 s to import)
+        AutoModelForCausalLM,
+        AutoTokenizer,
+    )
 
     cached = work / "target"
     if not (cached / "config.json").exists():
-        from explorer.models import smollm2_gguf_path
-
         path = smollm2_gguf_path()
         tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
@@ -68,8 +71,6 @@ def log_event(work: Path, stage: str, **fields) -> None:
 
 
 def load_rows(work: Path, limit: int | None = None) -> list[dict]:
-    from explorer.training.smollm2.store import load_shard, shard_paths
-
     rows = []
     for path in list(shard_paths(work / "data").values())[:limit]:
         rows.extend(load_shard(path))

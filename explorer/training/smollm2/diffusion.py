@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import time
@@ -9,9 +10,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 from tqdm import tqdm
 
+from explorer.compact_weights import load_weights
 from explorer.errors import ExplorerError
+from explorer.models import make_bidirectional
 from explorer.training.smollm2.common import (
     budget_seconds,
     heldout_answers,
@@ -27,11 +31,7 @@ DIFFUSION_ANSWER_TOKENS = 64  # answers are cropped to this many tokens (the can
 
 def build_diffusion(target, tok, rank: int):
     """A bidirectional copy of the target with LoRA adapters and a trainable [MASK] input embedding."""
-    import copy
-
-    from peft import LoraConfig, get_peft_model
-
-    from explorer.models import make_bidirectional
+    from peft import LoraConfig, get_peft_model  # deferred: peft (~2.7 s to import)
 
     mask_id = tok.convert_tokens_to_ids(MASK_TOKEN)
     model = make_bidirectional(copy.deepcopy(target))
@@ -157,10 +157,7 @@ def evaluate_diffusion(model, heldout: list[dict], mask_id: int, eos_id: int, ts
 def load_exported_diffusion(model, mask_vec, folder: Path, rank: int) -> None:
     """Start from an exported adapter (``assets/models/smollm2-135m/diffusion``): its LoRA factors and [MASK]
     embedding, for a work dir without a checkpoint (the optimizer starts fresh)."""
-    from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
-
-    from explorer.compact_weights import load_weights
+    from peft import set_peft_model_state_dict  # deferred: peft (~2.7 s to import)
 
     folder = Path(folder)
     if not (folder / "adapter_model.safetensors").exists():
@@ -186,7 +183,7 @@ def train_diffusion(work: Path, budget_min: float, rank: int = 16, batch: int = 
     under bfloat16 autocast (worth it only on a CPU with native bf16); the weights and optimizer stay fp32.
     ``certainty`` > 0: certainty forcing (``masked_diffusion_loss``) on the greedy answers only (a sampled
     answer is uncertain by design), windows anywhere in the answer (``answer_window``)."""
-    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict  # deferred: peft (~2.7 s to import)
 
     budget = budget_seconds(budget_min)
     rows = training_rows(work, certainty)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import sysconfig
 import time
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import torch
 from tqdm import tqdm
 
 from explorer.errors import ExplorerError
+from explorer.families.smollm2.trimmed_draft import TrimmedHeadDraft, load_trimmed_draft
 from explorer.training.smollm2.common import (
     budget_seconds,
     heldout_answers,
@@ -42,8 +45,6 @@ def token_counts(work: Path, tok, vocab: int) -> torch.Tensor:
     token or in the teacher's top-k (probability-weighted), plus a tenth of its frequency in local
     English and Python text (the interpreter's pydoc topics and a slice of its standard library), so
     the kept set does not depend only on the answers generated so far."""
-    import sysconfig
-
     counts = torch.zeros(vocab, dtype=torch.float64)
     for row in load_rows(work):
         counts.index_add_(0, torch.tensor(row["answer_ids"]), torch.ones(len(row["answer_ids"]), dtype=torch.float64))
@@ -61,10 +62,6 @@ def token_counts(work: Path, tok, vocab: int) -> torch.Tensor:
 
 def build_draft(target, kept_ids: torch.Tensor, layers: int):
     """The target's first ``layers`` layers, its final norm and its head rows for the kept tokens."""
-    import copy
-
-    from explorer.families.smollm2.trimmed_draft import TrimmedHeadDraft
-
     config = copy.deepcopy(target.config)
     config.num_hidden_layers = layers
     if getattr(config, "layer_types", None):
@@ -161,8 +158,6 @@ def train_draft(work: Path, budget_min: float, layers: int = 4, keep_vocab: int 
             raise ExplorerError(f"{ckpt_path} holds a {ckpt['layers']}-layer draft; pass --layers {ckpt['layers']} "
                                 "or move it away")
     elif init_from is not None:
-        from explorer.families.smollm2.trimmed_draft import load_trimmed_draft
-
         init = load_trimmed_draft(init_from, target, torch.float32)
         kept_ids, state, layers = init.kept_ids.clone(), None, init.config.num_hidden_layers
     else:

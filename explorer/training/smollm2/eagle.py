@@ -19,6 +19,7 @@ import torch
 from tqdm import tqdm
 
 from explorer.errors import ExplorerError
+from explorer.families.eagle import build_eagle_head, load_eagle_head
 from explorer.training.smollm2.common import (
     budget_seconds,
     heldout_answers,
@@ -168,8 +169,6 @@ def train_eagle(work: Path, budget_min: float, keep_vocab: int = 16384, depths: 
                 init_from: Path | None = None, bf16: bool = False) -> dict:
     """Train (or resume) the EAGLE head. Without a checkpoint, ``init_from`` (an exported head folder) gives its
     weights, kept vocabulary and counters; ``bf16`` runs forward and backward under bfloat16 autocast."""
-    from explorer.families.eagle import build_eagle_head, load_eagle_head
-
     budget = budget_seconds(budget_min)
     if not 1 <= depths <= 8:
         raise ExplorerError(f"--depths must be between 1 and 8 (got {depths})")

@@ -6,8 +6,12 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
+from explorer.compact_weights import save_compact
 from explorer.errors import ExplorerError
+from explorer.families.eagle import build_eagle_head, save_eagle_head
+from explorer.families.smollm2.trimmed_draft import save_trimmed_draft
 from explorer.training.smollm2.common import load_target, machine
 from explorer.training.smollm2.diffusion import MASK_TOKEN, build_diffusion
 from explorer.training.smollm2.draft import build_draft
@@ -19,12 +23,7 @@ def export(work: Path, out: Path | None = None) -> dict:
     """Write the shipped artefacts from the latest checkpoints: ``draft/`` (trimmed-head draft), ``eagle/``
     (EAGLE head) and ``diffusion/`` (LoRA delta, mask embedding, diffusion_config.json); the weights compact
     (int8 rows, ``explorer.compact_weights``), the mask embedding in fp16."""
-    from peft import get_peft_model_state_dict, set_peft_model_state_dict
-    from safetensors.torch import save_file
-
-    from explorer.compact_weights import save_compact
-    from explorer.families.eagle import build_eagle_head, save_eagle_head
-    from explorer.families.smollm2.trimmed_draft import save_trimmed_draft
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict  # deferred: peft (~2.7 s to import)
 
     out = (out or ASSET_DIR).expanduser()
     target, tok = load_target(work)

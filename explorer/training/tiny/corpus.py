@@ -8,6 +8,9 @@ import sysconfig
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer, decoders, pre_tokenizers, trainers
+from tokenizers.models import BPE
+from transformers import PreTrainedTokenizerFast
 
 EOS, PAD, MASK = "<|endoftext|>", "<|pad|>", "<|mask|>"
 SPECIAL_TOKENS = [EOS, PAD, MASK]
@@ -65,10 +68,7 @@ def train_tokenizer(texts: list[str], vocab_size: int):
     No post-processor: ``tokenizer(text).input_ids`` never adds a special token, and
     the ByteLevel decoder makes ``decode(encode(text)) == text`` for any text.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
+    tok = Tokenizer(BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(

@@ -12,7 +12,9 @@ import time
 from pathlib import Path
 
 import torch
+from transformers import __version__ as tf_version
 
+from explorer.compact_weights import from_pretrained, save_compact
 from explorer.training.tiny.corpus import (
     EOS,
     HELDOUT_MOD,
@@ -71,8 +73,6 @@ def save_model(model, out_dir: Path, name: str, bits: int = 8) -> Path:
     """Save a model: ``config.json``, ``generation_config.json`` and compact weights (``bits`` 8: int8 rows,
     4: int4 groups, ``explorer.compact_weights``; load with its ``from_pretrained``). The tokenizer is saved
     once, in ``out_dir/tokenizer``."""
-    from explorer.compact_weights import save_compact
-
     def write(tmp: Path):
         tied = model.config.tie_word_embeddings
         state = {k: v for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
@@ -124,8 +124,6 @@ def describe_model(model, stats: dict) -> dict:
 def train_all(out_dir: Path | str = DEFAULT_OUT, mini: bool = False, budgets_min=None,
               threads: int = 2) -> dict:
     """Rebuild tokenizer, target, draft and diffusion models into ``out_dir``."""
-    from transformers import __version__ as tf_version
-
     cfg = MINI if mini else FULL
     budgets = budgets_min or {"target": 28, "draft": 10, "diffusion": 18}
     budgets_s = {k: (60.0 if mini else 60.0 * v) for k, v in budgets.items()}
@@ -223,9 +221,7 @@ def measure_ar_latency(target, draft, reps: int) -> dict:
 
 def remeasure_latency(out_dir: Path, reps: int = 200) -> dict:
     """Load the saved target/draft and re-measure latency (e.g. on a quiet machine)."""
-    from transformers import AutoModelForCausalLM
-
-    from explorer.compact_weights import from_pretrained
+    from transformers import AutoModelForCausalLM  # deferred: transformers auto classes (~0.4 s to import)
 
     out_dir = Path(out_dir)
     torch.set_num_threads(2)

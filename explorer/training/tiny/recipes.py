@@ -47,7 +47,7 @@ MINI = {
 # --------------------------------------------------------------------------- models
 def build_llama(tokenizer, arch: dict, **extra):
     """A ``LlamaForCausalLM`` with tied embeddings and context 512."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM  # deferred: transformers Llama modelling (~2 s to import)
 
     config = LlamaConfig(
         vocab_size=len(tokenizer), max_position_embeddings=512, tie_word_embeddings=True,
