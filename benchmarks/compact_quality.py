@@ -6,8 +6,8 @@ text, acceptance and the diffusion lane's output.
 Each directory is an ``assets/models`` folder (tiny/ and smollm2-135m/); each side runs in its own process with
 the loaders pointed at it, float32 compute, one thread, temperature 0. Printed per prompt, BEFORE against each
 AFTER: whether the tiny target's greedy AR text is the same, the speculative acceptance with tiny's draft
-(gamma 4) and SmolLM2's draft (gamma 4, 8 held-out chat prompts), and the tiny diffusion model's text (default
-steps, temperature 0) with its per-position agreement.
+(gamma 4), SmolLM2's draft and EAGLE head (gamma 4, 8 held-out chat prompts), and the tiny diffusion model's
+text (default steps, temperature 0) with its per-position agreement. ``--smollm2-only`` skips the tiny family.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ TINY_PROMPTS = ["def fibonacci(n):", "import os\n\n\ndef main():", "class Stack:
 SMOLLM2_PROMPTS = 8
 
 
-def run_side(models_dir: Path, tokens: int) -> dict:
+def run_side(models_dir: Path, tokens: int, smollm2_only: bool = False) -> dict:
     import torch
 
     import explorer
@@ -38,7 +38,7 @@ def run_side(models_dir: Path, tokens: int) -> dict:
     tiny_load.TINY_DIR, smol_load.SMOLLM2_DIR = models_dir / "tiny", models_dir / "smollm2-135m"
     out: dict = {"tiny": [], "smollm2": []}
     tiny = explorer.load_models("tiny", device="cpu", precision="float32")
-    for p in TINY_PROMPTS:
+    for p in TINY_PROMPTS if not smollm2_only else []:
         ar = explorer.decode("autoregressive", tiny, p, max_new_tokens=tokens)
         sp = explorer.decode("speculative", tiny, p, max_new_tokens=tokens, gamma=4)
         df = explorer.decode("diffusion", tiny, p, max_new_tokens=tokens, temperature=0.0)
@@ -49,9 +49,11 @@ def run_side(models_dir: Path, tokens: int) -> dict:
     for p in prompts:
         ar = explorer.decode("autoregressive", smol, p, max_new_tokens=tokens)
         sp = explorer.decode("speculative", smol, p, max_new_tokens=tokens, gamma=4, drafter="model")
-        out["smollm2"].append({"prompt": p, "spec_same": sp.token_ids == ar.token_ids,
+        ea = explorer.decode("speculative", smol, p, max_new_tokens=tokens, gamma=4, drafter="assistant")
+        out["smollm2"].append({"prompt": p, "spec_same": sp.token_ids == ar.token_ids == ea.token_ids,
                                "acceptance": sp.stats["acceptance_rate"],
-                               "tokens_per_target_pass": sp.stats["tokens_per_target_pass"]})
+                               "tokens_per_target_pass": sp.stats["tokens_per_target_pass"],
+                               "eagle_tokens_per_target_pass": ea.stats["tokens_per_target_pass"]})
     return out
 
 
@@ -62,13 +64,15 @@ def main() -> None:
     ap.add_argument("before", type=Path)
     ap.add_argument("after", type=Path, nargs="+")
     ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--smollm2-only", action="store_true", help="skip the tiny family (its files unchanged)")
     ap.add_argument("--side", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.side:
-        print(json.dumps(run_side(args.side, args.tokens)))
+        print(json.dumps(run_side(args.side, args.tokens, args.smollm2_only)))
         return
+    extra = ["--smollm2-only"] if args.smollm2_only else []
     sides = [json.loads(subprocess.run([sys.executable, __file__, str(args.before), str(d), "--tokens",
-                                        str(args.tokens), "--side", str(d)], capture_output=True, text=True,
+                                        str(args.tokens), "--side", str(d), *extra], capture_output=True, text=True,
                                        check=True).stdout.splitlines()[-1]) for d in (args.before, *args.after)]
     for d, a in zip(args.after, sides[1:], strict=True):
         print(f"=== {args.before} -> {d}")
@@ -90,11 +94,18 @@ def report(b: dict, a: dict) -> None:
     for x, y in zip(b["smollm2"], a["smollm2"], strict=True):
         print(f"smollm2 {x['prompt'][:50]!r:54} draft acceptance (gamma 4) {x['acceptance']:.3f} -> "
               f"{y['acceptance']:.3f}; tokens/pass {x['tokens_per_target_pass']:.2f} -> "
-              f"{y['tokens_per_target_pass']:.2f}; spec == AR: {x['spec_same']}/{y['spec_same']}")
-    for fam in ("tiny", "smollm2"):
+              f"{y['tokens_per_target_pass']:.2f}; EAGLE head tokens/pass {x['eagle_tokens_per_target_pass']:.2f} -> "
+              f"{y['eagle_tokens_per_target_pass']:.2f}; spec == AR: {x['spec_same']}/{y['spec_same']}")
+    for fam in ("tiny", "smollm2")[1 if not b["tiny"] else 0:]:
         mb = sum(r["acceptance"] for r in b[fam]) / len(b[fam])
         ma = sum(r["acceptance"] for r in a[fam]) / len(a[fam])
         print(f"{fam}: mean acceptance {mb:.3f} -> {ma:.3f}")
+    for key in ("tokens_per_target_pass", "eagle_tokens_per_target_pass"):
+        mb = sum(r[key] for r in b["smollm2"]) / len(b["smollm2"])
+        ma = sum(r[key] for r in a["smollm2"]) / len(a["smollm2"])
+        print(f"smollm2: mean {key} {mb:.3f} -> {ma:.3f}")
+    if not b["tiny"]:
+        return
     agree = [sum(s == t for s, t in zip(x["diff"], y["diff"], strict=False)) / max(len(x["diff"]), len(y["diff"]), 1)
              for x, y in zip(b["tiny"], a["tiny"], strict=True)]
     print(f"tiny diffusion: mean per-position agreement {sum(agree) / len(agree):.3f}")

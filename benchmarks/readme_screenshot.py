@@ -17,6 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.png_palette import palette  # noqa: E402
 from explorer.measure.loadtest import start_app  # noqa: E402
 from explorer.models import DEFAULT_PRESET  # noqa: E402
 
@@ -62,6 +63,7 @@ def main() -> None:
         print(f"N = {args.tokens}: first animated frame {first:.0f} ms after Run, last frame {last / 1000:.1f} s")
         page.wait_for_timeout(1500)
         page.screenshot(path=str(args.out))
+        palette(args.out)
         print(f"wrote {args.out}")
         browser.close()
     demo.close()

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import explorer  # noqa: E402
+from benchmarks.png_palette import palette  # noqa: E402
 from explorer.app import playback, render  # noqa: E402
 from explorer.app.page import STYLE  # noqa: E402
 from explorer.decoding.events import Proposal, Verification  # noqa: E402
@@ -70,6 +71,7 @@ def main() -> None:
         page.wait_for_timeout(300)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(args.out))
+        palette(args.out)
         browser.close()
     print(f"wrote {args.out} ({args.out.stat().st_size // 1024} KB); step at {at:.3f} s; "
           f"{traces['speculative'].stats['tokens_per_target_pass']:.2f} tokens per target pass")

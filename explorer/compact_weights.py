@@ -18,10 +18,11 @@ is not a multiple of ``G`` falls back to int8 rows in the same file; small and 1
 
 **Differences from a reference** (``reference=`` on save and load; marker ``{"delta": "[names]"}``): a model
 made by fine-tuning copies of another model's tensors (the SmolLM2 draft: the target's first layers and its
-embedding rows as the head) stores, for each tensor named there, the quantized difference ``w - ref``
-instead of ``w``; the loader adds the reference back. The difference is a few percent of the weight, so its
-int4 error is a few percent of a few percent: smaller than int8 rows of the weight itself, at half the bytes.
-A file with differences cannot be read without its reference (``load_weights`` says so).
+embedding rows as the head; the EAGLE head's layer: the target's last) stores, for each tensor named there,
+the difference ``w - ref`` in int4 groups instead of ``w`` (the other tensors as ``bits`` says); the loader
+adds the reference back. The error is a share of the difference (5-15% of the weight here), not of the
+weight: about as close as int8 rows of the weight, at about half the bytes. A file with differences cannot
+be read without its reference (``load_weights`` says so).
 """
 
 from __future__ import annotations
@@ -93,14 +94,15 @@ def compact_state(state: dict[str, torch.Tensor], min_numel: int = MIN_NUMEL, bi
     out = {}
     for name, t in state.items():
         t = t.detach().cpu()
+        four = bits == 4
         if reference is not None and name in reference:
             ref = reference[name].detach().cpu()
             if ref.shape != t.shape or not t.is_floating_point():
                 raise ValueError(f"reference for {name} has shape {tuple(ref.shape)}, the tensor {tuple(t.shape)}")
-            t = t.float() - ref.float()
+            t, four = t.float() - ref.float(), True  # a difference is always stored as int4 groups
         if not t.is_floating_point():
             out[name] = t.contiguous()
-        elif t.dim() == 2 and t.numel() >= min_numel and bits == 4 and t.shape[1] % group == 0:
+        elif t.dim() == 2 and t.numel() >= min_numel and four and t.shape[1] % group == 0:
             out[name], out[name + SCALE4] = quantize_groups(t, group)
         elif t.dim() == 2 and t.numel() >= min_numel:
             out[name], out[name + SCALE] = quantize_rows(t)
@@ -114,8 +116,8 @@ def compact_state(state: dict[str, torch.Tensor], min_numel: int = MIN_NUMEL, bi
 def save_compact(state: dict[str, torch.Tensor], path: Path | str, min_numel: int = MIN_NUMEL, bits: int = 8,
                  group: int = GROUP, reference: dict[str, torch.Tensor] | None = None) -> None:
     """Write ``state`` compactly; the tensors named in ``reference`` as differences from it (see above)."""
-    meta = {"format": FORMAT} if bits == 8 else {"format": FORMAT4, "group": str(group)}
     delta = sorted(n for n in state if reference is not None and n in reference)
+    meta = {"format": FORMAT} if bits == 8 and not delta else {"format": FORMAT4, "group": str(group)}
     if delta:
         meta["delta"] = json.dumps(delta)
     save_file(compact_state(state, min_numel, bits, group, reference), str(path), metadata=meta)

@@ -12,6 +12,7 @@ import torch
 from references import np_warp
 
 import explorer
+from explorer.compact_weights import delta_names
 from explorer.decoding import acceptance, speculative
 from explorer.decoding.config import DecodeConfig
 from explorer.decoding.drafters import available_drafters, make_drafter
@@ -208,6 +209,31 @@ def test_round_trip_and_bad_files(mini, tmp_path):
     (tmp_path / "eagle" / "config.json").unlink()
     with pytest.raises(ExplorerError, match=r"draft file missing: .*config\.json"):
         load_eagle_head(tmp_path / "eagle", mini.target, torch.float32)
+
+
+def test_layer_matrices_near_the_target_are_stored_as_differences_from_its_last_layer(mini, tmp_path):
+    """The head's layer starts as the target's last layer: the matrices that stay near it are stored as int4
+    differences from it (fewer bytes); loaded next to the target the head computes what it did."""
+    head = build_random_eagle(mini.target, seed=3, noise=0.01)
+    save_eagle_head(head, tmp_path / "eagle", target=mini.target)
+    names = delta_names(tmp_path / "eagle" / "model.safetensors")
+    # o and down start scaled by 0.1 (build_eagle_head): far from the target's, stored as themselves
+    assert names == sorted(f"layer.{p}.weight" for p in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"))
+    loaded = load_eagle_head(tmp_path / "eagle", mini.target, torch.float32)
+    save_eagle_head(head, tmp_path / "int8", target=None)  # every matrix as int8 rows of itself
+    int8 = load_eagle_head(tmp_path / "int8", mini.target, torch.float32)
+    ids, feats = torch.tensor([[5, 6, 7]]), torch.randn(1, 3, mini.target.config.hidden_size)
+    with torch.no_grad():
+        want = head.step(ids, feats, 0, None)[0]
+        err = (loaded.step(ids, feats, 0, None)[0] - want).abs().max()
+        assert err <= 1.5 * (int8.step(ids, feats, 0, None)[0] - want).abs().max()  # no worse than int8 rows
+        for name in names:
+            torch.testing.assert_close(loaded.state_dict()[name], head.state_dict()[name], atol=5e-3, rtol=0)
+    # negative control: beside another target the same file is another head
+    other = build_random_llama(mini.target.config.vocab_size, mini.target.config.hidden_size,
+                               mini.target.config.num_hidden_layers, seed=5, std=0.3)
+    wrong = load_eagle_head(tmp_path / "eagle", other, torch.float32)
+    assert (wrong.state_dict()[names[0]] - head.state_dict()[names[0]]).abs().max() > 0.05
 
 
 def decode_side_by_side(models, prompt: str, drafter: str, n: int = 40) -> dict:

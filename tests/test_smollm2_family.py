@@ -5,6 +5,7 @@ chi-square test of the first two tokens against a distribution enumerated with p
 product's warping), with a negative control; a miniature end-to-end run of both recipes.
 """
 
+import copy
 import importlib.util
 import json
 import types
@@ -15,6 +16,7 @@ import torch
 from references import np_warp
 
 import explorer
+from explorer.compact_weights import delta_names
 from explorer.decoding import acceptance
 from explorer.errors import ExplorerError
 from explorer.families.smollm2.trimmed_draft import TrimmedHeadDraft, load_trimmed_draft, save_trimmed_draft
@@ -89,6 +91,32 @@ def test_negative_control_residual_restricted_to_the_kept_set_fails(trimmed_mode
 
 # ------------------------------------------------------------------------------------------
 # files: round trip, and a missing or corrupt file named in one clear error
+
+def test_trimmed_draft_stored_as_differences_from_its_target(trimmed_models, tmp_path):
+    """A draft copied from the target and moved a little (build_draft, then training) is stored as differences
+    from the target's layers and embedding rows, and comes back next to that target."""
+    target = trimmed_models.target
+    draft = TrimmedHeadDraft(copy.deepcopy(target.config), torch.tensor(KEPT)).eval()
+    own = dict(target.named_parameters())
+    gen = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for name, p in draft.named_parameters():
+            if name in own and own[name].shape == p.shape:  # (not the head: it is over the kept tokens)
+                p.copy_(own[name] + 0.01 * torch.randn(p.shape, generator=gen))
+        rows = target.get_input_embeddings().weight[draft.kept_ids]
+        draft.lm_head.weight.copy_(rows + 0.01 * torch.randn(rows.shape, generator=gen))
+    save_trimmed_draft(draft, tmp_path / "draft", target=target)
+    names = delta_names(tmp_path / "draft" / "model.safetensors")
+    assert "lm_head.weight" in names and "model.layers.0.mlp.up_proj.weight" in names
+    loaded = load_trimmed_draft(tmp_path / "draft", target, torch.float32)
+    for name, p in draft.named_parameters():
+        if "embed_tokens" not in name:
+            torch.testing.assert_close(loaded.state_dict()[name], p.detach(), atol=2e-3, rtol=0)
+    # negative control: next to another target the file gives other weights
+    other = build_random_llama(VOCAB, 16, 1, seed=99, std=0.6)
+    assert (load_trimmed_draft(tmp_path / "draft", other, torch.float32).lm_head.weight - draft.lm_head.weight
+            ).abs().max() > 0.1
+
 
 def test_trimmed_draft_round_trip_and_bad_files(trimmed_models, tmp_path):
     save_trimmed_draft(trimmed_models.draft, tmp_path / "draft", dtype=torch.float32)

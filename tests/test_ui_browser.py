@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.png_palette import palette
 from explorer.measure.loadtest import start_app
 
 CHROMIUM = "/usr/bin/chromium"
@@ -76,6 +77,7 @@ def shot(page, name):
     page.screenshot(path=str(ROOT / "artifacts" / name))
     if DOCS:
         page.screenshot(path=str(ROOT / "docs" / name))
+        palette(ROOT / "docs" / name)  # 256 colours: a third of the bytes in the tracked tree
 
 
 def test_projector_lanes_move_together_plots_go_live_and_narration_names_the_step(browser, app_url):

@@ -18,8 +18,9 @@ predicts every position as the d-th drafting step would, attending to true input
 chain started and to the chain's own earlier (predicted) inputs after it.
 
 On disk (``save_eagle_head``): ``config.json`` (the target's Llama config plus ``kept_vocab`` and
-``architectures: ["EagleHead"]``) and ``model.safetensors`` (fc, layer, kept ids), compact (int8 rows,
-``explorer.compact_weights``) or plain: both load.
+``architectures: ["EagleHead"]``) and ``model.safetensors`` (fc, layer, kept ids), compact (int8 rows, the layer
+matrices that stayed near the target's last layer as int4 differences from it; ``explorer.compact_weights``) or
+plain: both load.
 """
 
 from __future__ import annotations
@@ -237,17 +238,46 @@ def build_eagle_head(target: nn.Module, kept_ids: torch.Tensor) -> EagleHead:
     return head.attach(target)
 
 
-def save_eagle_head(head: EagleHead, out_dir: Path, dtype: torch.dtype | None = None) -> None:
-    """Write the head folder: compact weights (``explorer.compact_weights``), or plain in ``dtype`` if given."""
+LAST_LAYER = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
+              "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+
+
+def target_reference(target: nn.Module):
+    """``reference(name, state)`` for ``compact_weights``: the target's last-layer matrix the head's layer
+    matrix ``name`` was initialised from (``build_eagle_head``); None for the head's own tensors."""
+    last = target.model.layers[-1]
+
+    def reference(name: str, state: dict | None = None) -> torch.Tensor | None:
+        part, proj, kind = (name.split(".") + ["", ""])[:3]
+        if part != "layer" or kind != "weight" or proj not in LAST_LAYER:
+            return None
+        return getattr(getattr(last, LAST_LAYER[proj]), proj).weight
+
+    return reference
+
+
+def save_eagle_head(head: EagleHead, out_dir: Path, dtype: torch.dtype | None = None,
+                    target: nn.Module | None = None) -> None:
+    """Write the head folder: compact weights (``explorer.compact_weights``), or plain in ``dtype`` if given.
+
+    With ``target``, each layer matrix that stayed near the target's last-layer matrix it started from (the
+    difference under a third of the weight: q, k, v, gate and up after training here) is stored as its int4
+    difference from it; the rest (fc, o and down, which start scaled by 0.1) as int8 rows."""
     out_dir.mkdir(parents=True, exist_ok=True)
     config = head.config.to_dict()
     config.update({"architectures": ["EagleHead"], "kept_vocab": len(head.kept_ids),
                    "embedding": "shared with the target (not stored)", "lm_head": "the target's kept rows"})
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
-    if dtype is None:
-        save_compact(head.state_dict(), out_dir / "model.safetensors")
+    state = head.state_dict()
+    if dtype is None and target is not None:
+        ref = target_reference(target)
+        near = {n: r for n, t in state.items() if (r := ref(n)) is not None
+                and (t.float() - r.float().to(t.device)).norm() < t.float().norm() / 3}
+        save_compact(state, out_dir / "model.safetensors", reference=near)
+    elif dtype is None:
+        save_compact(state, out_dir / "model.safetensors")
     else:
-        save_file({k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in head.state_dict().items()},
+        save_file({k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in state.items()},
                   str(out_dir / "model.safetensors"))
 
 
@@ -255,7 +285,7 @@ def load_eagle_head(path: Path, target: nn.Module, dtype: torch.dtype) -> EagleH
     """Load a saved head next to its target; a missing, corrupt or mismatched file names the file."""
     from transformers import LlamaConfig  # deferred: transformers Llama modelling (~2 s to import)
 
-    raw, state, weights_file = read_draft_files(path)
+    raw, state, weights_file = read_draft_files(path, target_reference(target))
     config = LlamaConfig(**raw)
     if config.vocab_size != target.config.vocab_size or config.hidden_size != target.config.hidden_size \
             or "kept_ids" not in state:

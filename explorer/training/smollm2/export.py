@@ -17,12 +17,16 @@ from explorer.training.smollm2.diffusion import MASK_TOKEN, build_diffusion
 from explorer.training.smollm2.draft import build_draft
 
 ASSET_DIR = Path(__file__).resolve().parents[3] / "assets" / "models" / "smollm2-135m"
+# The LoRA factors as int4 in groups of 16 (their rank, so B's rows of 16 fit one group): a factor's error moves
+# only the small LoRA delta, not the base weight (the diffusion card's tables measure it against int8 rows).
+LORA_GROUP = 16
 
 
 def export(work: Path, out: Path | None = None) -> dict:
     """Write the shipped artefacts from the latest checkpoints: ``draft/`` (trimmed-head draft), ``eagle/``
     (EAGLE head) and ``diffusion/`` (LoRA delta, mask embedding, diffusion_config.json); the weights compact
-    (int8 rows, ``explorer.compact_weights``), the mask embedding in fp16."""
+    (``explorer.compact_weights``: the draft as int4 differences from the target, the EAGLE head in int8 rows,
+    the LoRA factors in int4 groups of ``LORA_GROUP``), the mask embedding in fp16."""
     from peft import get_peft_model_state_dict, set_peft_model_state_dict  # deferred: peft (~2.7 s to import)
 
     out = (out or ASSET_DIR).expanduser()
@@ -47,7 +51,7 @@ def export(work: Path, out: Path | None = None) -> dict:
         ckpt = torch.load(eagle_ckpt)
         head = build_eagle_head(target, ckpt["kept_ids"])
         head.load_state_dict(ckpt["model"])
-        save_eagle_head(head, out / "eagle")
+        save_eagle_head(head, out / "eagle", target=target)
         report["eagle"] = {"kept_vocab": len(ckpt["kept_ids"]), **ckpt["progress"],
                            "params": sum(p.numel() for p in head.parameters())}
     if diff_ckpt.exists():
@@ -59,7 +63,7 @@ def export(work: Path, out: Path | None = None) -> dict:
         dest.mkdir(parents=True, exist_ok=True)
         model.peft_config["default"].save_pretrained(str(dest))
         state = get_peft_model_state_dict(model)
-        save_compact(state, dest / "adapter_model.safetensors")
+        save_compact(state, dest / "adapter_model.safetensors", bits=4, group=LORA_GROUP)
         save_file({"mask_embedding": ckpt["mask_vec"].to(torch.float16)}, str(dest / "mask_embedding.safetensors"))
         (dest / "diffusion_config.json").write_text(json.dumps(
             {"base": "SmolLM2-135M-Instruct (the preset's target)", "mask_token": MASK_TOKEN,
