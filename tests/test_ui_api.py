@@ -255,12 +255,14 @@ def test_the_drafter_gamma_and_diffusion_controls_follow_the_preset():
     """The controls start at the default preset's own values and change with the preset: its drafters (the
     ones it can run, its own selected), its γ, and the diffusion steps and blocks it was measured with."""
     start = lane_settings.preset_settings("smollm2-135m")
-    assert (start.drafter, start.gamma, start.tokens_per_step, start.blocks) == ("assistant", 3, 1, 8)
-    info, drafter, gamma, per_step, blocks = lane_settings.describe_preset("random-tiny", progress=None)
+    smollm2 = explorer.models.PRESETS["smollm2-135m"]
+    assert (start.drafter, start.gamma, start.tokens_per_step, start.blocks, start.threshold) == (
+        "assistant", 3, 1, 8, smollm2.diffusion_threshold)
+    info, drafter, gamma, per_step, blocks, threshold = lane_settings.describe_preset("random-tiny", progress=None)
     preset = explorer.load_models("random-tiny", device="cpu").preset
     assert "random-tiny" in info and "assistant" in drafter["choices"] and drafter["value"] == preset.drafter
-    assert (gamma["value"], per_step["value"], blocks["value"]) == (preset.gamma, preset.diffusion_tokens_per_step,
-                                                                   preset.diffusion_blocks)
+    assert (gamma["value"], per_step["value"], blocks["value"], threshold["value"]) == (
+        preset.gamma, preset.diffusion_tokens_per_step, preset.diffusion_blocks, preset.diffusion_threshold)
     info, drafter, *_ = lane_settings.describe_preset("tiny", progress=None)
     assert "assistant" not in drafter["choices"]
 

@@ -93,10 +93,11 @@ SETTING_NAMES = [f.name for f in fields(Settings)]
 
 
 def preset_settings(name: str = DEFAULT_PRESET) -> Settings:
-    """The controls' starting values for a preset: its drafter and γ, and its diffusion steps and blocks."""
+    """The controls' starting values for a preset: its drafter and γ, and its diffusion steps, blocks and
+    threshold."""
     p = PRESETS[parse_preset(name)[0]]  # "smollm2-135m@float32": the preset's own settings
     return Settings(drafter=p.drafter, gamma=p.gamma, tokens_per_step=p.diffusion_tokens_per_step,
-                    blocks=p.diffusion_blocks)
+                    blocks=p.diffusion_blocks, threshold=p.diffusion_threshold)
 
 
 _WARMED: set[int] = set()
@@ -154,13 +155,15 @@ def describe_models(models: Models) -> str:
 
 def describe_preset(preset: str, progress: gr.Progress = gr.Progress()) -> tuple[Any, ...]:  # noqa: B008
     """The preset's description, and its defaults for the controls that depend on it: the drafters it
-    can run (its own selected), its γ, the diffusion steps and blocks its diffusion model was measured with."""
+    can run (its own selected), its γ, the diffusion steps, blocks and threshold its diffusion model was
+    measured with."""
     models = load_preset(preset, progress)
     p = models.preset
     drafters = available_drafters(models)
     return (describe_models(models),
             gr.update(choices=drafters, value=p.drafter if p.drafter in drafters else drafters[0]),
-            gr.update(value=p.gamma), gr.update(value=p.diffusion_tokens_per_step), gr.update(value=p.diffusion_blocks))
+            gr.update(value=p.gamma), gr.update(value=p.diffusion_tokens_per_step), gr.update(value=p.diffusion_blocks),
+            gr.update(value=p.diffusion_threshold))
 
 
 def lane_tokenizer(models: Models, method: str) -> Any:

@@ -385,7 +385,7 @@ def _wire(c: Controls, demo: gr.Blocks) -> None:
     c.presenter.change(lambda on: gr.Sidebar(open=not on), c.presenter, c.sidebar, js=PRESENTER_JS,
                        api_visibility="undocumented", queue=False)
     follows = [c.model_info] + [c.settings[SETTING_NAMES.index(n)]
-                                for n in ("drafter", "gamma", "tokens_per_step", "blocks")]
+                                for n in ("drafter", "gamma", "tokens_per_step", "blocks", "threshold")]
     describe = taking_turn(describe_preset, "preset load")  # a load never runs beside a decode
     c.preset.change(describe, c.preset, follows, api_visibility="undocumented", **decode_slot)
     demo.load(describe, c.preset, follows, api_visibility="undocumented", **decode_slot)
