@@ -16,13 +16,15 @@ from explorer.training.smollm2.diffusion import train_diffusion
 from explorer.training.smollm2.draft import train_draft
 from explorer.training.smollm2.eagle import train_eagle
 from explorer.training.smollm2.export import export
-from explorer.training.smollm2.store import compact_folder
+from explorer.training.smollm2.store import HISTORY_FOLDER, compact_folder, history_files, restore_from_history
+
+REPO = Path(__file__).resolve().parents[3]  # the shards live in this repository's history (store.py)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m explorer.train smollm2",
                                  description="Train the SmolLM2-135M draft and diffusion partner (CPU, resumable).")
-    ap.add_argument("stage", choices=["data", "compact", "draft", "eagle", "diffusion", "export"],
+    ap.add_argument("stage", choices=["restore", "data", "compact", "draft", "eagle", "diffusion", "export"],
                     help="which stage to run")
     ap.add_argument("--work-dir", type=Path, default=DEFAULT_WORK, help="checkpoints and data (default %(default)s)")
     ap.add_argument("--budget-min", type=float, default=30.0, help="wall-clock budget of this run, in minutes")
@@ -46,7 +48,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--lora-rank", type=int, default=16, help="diffusion: LoRA rank")
     ap.add_argument("--lr", type=float, default=None, help="peak learning rate")
     ap.add_argument("--out", type=Path, default=None, help="export: destination (default assets/models/smollm2-135m); "
-                    "compact: where the compact shards go (default data/smollm2-distill)")
+                    "compact: where the new compact shards go (default data/smollm2-distill)")
     return ap.parse_args(argv)
 
 
@@ -66,8 +68,14 @@ def main(argv=None) -> None:
                 raise ExplorerError(f"--part must be in 0 .. {args.parts - 1} (got {args.part})")
             generate_data(work, args.budget_min, batch=args.batch or 32, max_new=args.max_new, seed=args.seed,
                           part=args.part, parts=args.parts)
+        elif args.stage == "restore":
+            print(json.dumps(restore_from_history(work / "data", REPO)))
+            heldout = work / "data" / "heldout_greedy.pt"
+            if heldout.exists() and not (work / heldout.name).exists():
+                heldout.rename(work / heldout.name)
         elif args.stage == "compact":
-            print(json.dumps(compact_folder(work / "data", args.out or Path("data/smollm2-distill"))))
+            committed = {Path(p).name for p in history_files(REPO)}
+            print(json.dumps(compact_folder(work / "data", args.out or REPO / HISTORY_FOLDER, committed)))
         elif args.stage == "draft":
             train_draft(work, args.budget_min, layers=args.layers, keep_vocab=args.keep_vocab or 8192,
                         batch=args.batch or 8, lr=args.lr or 3e-4, seed=args.seed, init_from=args.init_from)

@@ -12,12 +12,16 @@ distillation, Kim & Rush 2016).
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from explorer.errors import ExplorerError
+
 SHARD = re.compile(r"shard_(\d{5})\.(pt|npz)$")
+HISTORY_FOLDER = "data/smollm2-distill"  # where shards are committed, then removed from the working tree
 
 
 def save_compact(path: Path, rows: list[dict]) -> None:
@@ -69,14 +73,54 @@ def load_shard(path: Path) -> list[dict]:
     return load_compact(path) if Path(path).suffix == ".npz" else torch.load(path)
 
 
-def compact_folder(src: Path, dest: Path) -> dict:
-    """Write a compact copy of every shard in ``src`` into ``dest`` (skipping those already there)."""
+def compact_folder(src: Path, dest: Path, committed: set[str] = frozenset()) -> dict:
+    """Write a compact copy of every shard in ``src`` into ``dest``, skipping those already there and those
+    named in ``committed`` (the shards the history holds: ``history_shards``)."""
     dest.mkdir(parents=True, exist_ok=True)
     made = 0
     for i, path in shard_paths(src).items():
         out = dest / f"shard_{i:05d}.npz"
-        if not out.exists():
+        if not out.exists() and out.name not in committed:
             save_compact(out, load_shard(path))
             made += 1
     tokens = sum(int(np.load(p)["answer_lens"].sum()) for p in dest.glob("shard_*.npz"))
     return {"shards_made": made, "shards": len(list(dest.glob("shard_*.npz"))), "answer_tokens": tokens}
+
+
+def git(repo: Path, *args: str) -> bytes:
+    try:
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        why = (getattr(exc, "stderr", None) or b"").decode().strip()[:200] or str(exc)
+        raise ExplorerError(f"cannot read the shards from git in {repo}: {why}") from None
+
+
+def history_files(repo: Path, folder: str = HISTORY_FOLDER) -> list[str]:
+    """The compact shards and ``heldout_greedy.pt`` ever added under ``folder`` in the history of HEAD."""
+    listed = git(repo, "log", "--format=", "--name-only", "--diff-filter=A", "HEAD", "--", folder).decode().split()
+    return sorted({p for p in listed if p.endswith(".npz") and SHARD.search(p) or p.endswith("heldout_greedy.pt")})
+
+
+def restore_from_history(dest: Path, repo: Path, folder: str = HISTORY_FOLDER) -> dict:
+    """Copy into ``dest`` every compact shard (and ``heldout_greedy.pt``) ever committed under ``folder`` in the
+    history of ``repo``'s HEAD, each at its last committed version, skipping files ``dest`` has.
+
+    The shards are committed once (``compact``, then ``git add``) and removed from the working tree in the next
+    commit: the tree stays small (it travels to a GPU machine in 64 MiB calls) and the history keeps the data."""
+    dest.mkdir(parents=True, exist_ok=True)
+    wanted = history_files(repo, folder)
+    copied = 0
+    for path in wanted:
+        out = dest / Path(path).name
+        if out.exists():
+            continue
+        sha = git(repo, "log", "-1", "--format=%H", "--diff-filter=AM", "HEAD", "--", path).decode().strip()
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_bytes(git(repo, "show", f"{sha}:{path}"))
+        tmp.rename(out)
+        copied += 1
+    shards = list(dest.glob("shard_*.npz"))
+    if not shards:
+        raise ExplorerError(f"no compact shard under {folder} in the history of {repo}")
+    return {"copied": copied, "shards": len(shards),
+            "answer_tokens": sum(int(np.load(p)["answer_lens"].sum()) for p in shards)}
