@@ -7,7 +7,7 @@ import copy
 import torch
 from torch import nn
 
-from explorer.families.eagle.head import build_eagle_head
+from explorer.families.eagle.files import build_eagle_head
 from explorer.runtime import Models, Preset, build_byte_tokenizer, make_bidirectional, register_loader
 
 

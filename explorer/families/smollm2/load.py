@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from explorer.errors import ExplorerError
-from explorer.families.eagle.head import load_eagle_head
+from explorer.families.eagle.files import load_eagle_head
 from explorer.families.smollm2.diffusion_adapter import load_diffusion_adapter
 from explorer.families.smollm2.trimmed_draft import load_trimmed_draft
 from explorer.runtime import ASSETS, Models, Preset, require_network
