@@ -56,7 +56,9 @@ def load_smollm2(preset: Preset, device: torch.device, dtype: torch.dtype) -> Mo
         target = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype).to(device)
         name = "SmolLM2-135M-Instruct (GGUF Q4_1, dequantized)"
     # The draft and the diffusion adapter were trained here against the GGUF target; both also fit the Hub
-    # weights (same architecture and tokenizer), though acceptance there was not measured.
+    # weights (same architecture and tokenizer), though acceptance there was not measured. The draft and the
+    # EAGLE head are stored as differences from the target's layers, so beside the Hub weights they are
+    # rebuilt from those: off the trained draft by the GGUF's Q4_1 rounding.
     draft = load_trimmed_draft(SMOLLM2_DIR / preset.draft, target, dtype) if preset.draft else None
     diffusion = load_diffusion_adapter(SMOLLM2_DIR / preset.diffusion, target, dtype) if preset.diffusion else None
     assistant = load_eagle_head(SMOLLM2_DIR / preset.assistant, target, dtype) if preset.assistant else None
