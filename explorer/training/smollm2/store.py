@@ -75,7 +75,7 @@ def load_shard(path: Path) -> list[dict]:
 
 def compact_folder(src: Path, dest: Path, committed: set[str] = frozenset()) -> dict:
     """Write a compact copy of every shard in ``src`` into ``dest``, skipping those already there and those
-    named in ``committed`` (the shards the history holds: ``history_shards``)."""
+    named in ``committed`` (the shards the history holds: ``history_files``)."""
     dest.mkdir(parents=True, exist_ok=True)
     made = 0
     for i, path in shard_paths(src).items():
