@@ -144,8 +144,12 @@ def test_workload_at_concurrency_1_and_4(vllm_ngram, vllm_draft, tmp_path):
     by = {(r["label"], r["concurrency"]): r for r in rows}
     for label in ("ngram", "draft"):
         assert by[(label, 1)]["max_streaming"] == 1 and by[(label, 1)]["max_running"] <= 1
-        # the engine really batched: streams interleaved (the polled gauge can miss a sub-second config)
-        assert by[(label, 4)]["max_streaming"] >= 2 and 0 <= by[(label, 4)]["max_running"] <= 4
+        # the engine really batched: streams interleaved by their own stamps, or the engine's own gauge saw several
+        # requests running. Each signal alone missed it in a clean-clone run: the polled gauge can slip between the
+        # polls of a sub-second config, and on a loaded machine vLLM hands a stream over in a chunk or two (so four
+        # streams read max_streaming 1). An engine that serves one request at a time fails both.
+        four = by[(label, 4)]
+        assert max(four["max_streaming"], four["max_running"]) >= 2 and 0 <= four["max_running"] <= 4, four
     assert "speedup_throughput" in by[("draft", 4)] and "speedup_throughput" not in by[("ngram", 4)]
     write_csv(tmp_path / "rows.csv", bench)
     with open(tmp_path / "rows.csv") as fh:
