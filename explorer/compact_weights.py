@@ -123,6 +123,16 @@ def save_compact(state: dict[str, torch.Tensor], path: Path | str, min_numel: in
     save_file(compact_state(state, min_numel, bits, group, reference), str(path), metadata=meta)
 
 
+def save_weights(state: dict[str, torch.Tensor], path: Path | str, dtype: torch.dtype | None = None,
+                 bits: int = 8, reference: dict[str, torch.Tensor] | None = None) -> None:
+    """A model file: plain in ``dtype`` when one is given, else compact (``save_compact``, with ``reference``)."""
+    if dtype is None:
+        save_compact(state, path, bits=bits, reference=reference)
+    else:
+        save_file({k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in state.items()},
+                  str(path))
+
+
 def compact_format(path: Path | str) -> str | None:
     """FORMAT or FORMAT4 by ``path``'s metadata marker, None for a plain file (the tensors are not read)."""
     with safe_open(str(path), framework="pt") as f:

@@ -13,10 +13,9 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 
-from explorer.compact_weights import read_draft_files, save_compact
+from explorer.compact_weights import read_draft_files, save_weights
 from explorer.errors import ExplorerError
 from explorer.families.eagle.head import EagleHead
 
@@ -73,16 +72,12 @@ def save_eagle_head(head: EagleHead, out_dir: Path, dtype: torch.dtype | None = 
                    "embedding": "shared with the target (not stored)", "lm_head": "the target's kept rows"})
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     state = head.state_dict()
+    near = None
     if dtype is None and target is not None:
         ref = target_reference(target)
         near = {n: r for n, t in state.items() if (r := ref(n)) is not None
                 and (t.float() - r.float().to(t.device)).norm() < t.float().norm() / 3}
-        save_compact(state, out_dir / "model.safetensors", reference=near)
-    elif dtype is None:
-        save_compact(state, out_dir / "model.safetensors")
-    else:
-        save_file({k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in state.items()},
-                  str(out_dir / "model.safetensors"))
+    save_weights(state, out_dir / "model.safetensors", dtype, reference=near)
 
 
 def load_eagle_head(path: Path, target: nn.Module, dtype: torch.dtype) -> EagleHead:

@@ -22,11 +22,10 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from explorer.compact_weights import read_draft_files, save_compact
+from explorer.compact_weights import read_draft_files, save_weights
 from explorer.errors import ExplorerError
 
 
@@ -99,15 +98,12 @@ def save_trimmed_draft(draft: TrimmedHeadDraft, out_dir: Path, dtype: torch.dtyp
                    "embedding": "shared with the target (not stored)"})
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     state = {k: v for k, v in draft.state_dict().items() if not k.startswith("model.embed_tokens")}
+    matrices = None
     if dtype is None and target is not None:
         ref = target_reference(target)
         matrices = {n: r for n, t in state.items() if t.dim() == 2 and (r := ref(n, state)) is not None}
-        save_compact(state, out_dir / "model.safetensors", bits=4, reference=matrices)
-    elif dtype is None:
-        save_compact(state, out_dir / "model.safetensors")
-    else:
-        save_file({k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in state.items()},
-                  str(out_dir / "model.safetensors"))
+    save_weights(state, out_dir / "model.safetensors", dtype, bits=4 if matrices is not None else 8,
+                 reference=matrices)
 
 
 def load_trimmed_draft(path: Path, target: nn.Module, dtype: torch.dtype) -> TrimmedHeadDraft:
