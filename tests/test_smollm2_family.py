@@ -357,15 +357,26 @@ def test_one_default_preset_for_the_api_the_cli_and_the_app():
 
 
 def test_a_new_round_of_wordings_appends_shards_and_keeps_every_earlier_one():
-    """The data stage resumes by shard index: the shards of round 1 must be the same with or without round 2, and
-    round 2 must be new prompts about the same topics (the held-out topics stay out of both)."""
-    from explorer.training.prompts import chat_prompts
+    """The data stage resumes by shard index: the shards of each round must be the same with or without the next
+    round, and each round must bring new prompts about the same topics (the held-out topics stay out of all of
+    them, a two-topic prompt's partner included)."""
+    from explorer.training.prompts import GENERAL_TOPICS, ROUNDS, _topics, chat_prompts, is_heldout_topic
     from explorer.training.smollm2.data import prompt_chunks
 
-    one, two = prompt_chunks(32, rounds=1), prompt_chunks(32, rounds=2)
-    assert two[:len(one)] == one and len(two) > len(one)
-    first = {p["prompt"] for chunk in one for p in chunk}
-    second = [p for chunk in two[len(one):] for p in chunk]
-    assert second and not first & {p["prompt"] for p in second}
-    heldout = {p["id"].split(":")[1] for p in chat_prompts("heldout", rounds=2)}
-    assert not heldout & {p["id"].split(":")[1] for p in second}
+    seen = set()
+    for r in range(1, len(ROUNDS) + 1):
+        before, after = prompt_chunks(32, rounds=r - 1) if r > 1 else [], prompt_chunks(32, rounds=r)
+        assert after[:len(before)] == before and len(after) > len(before)
+        new = [p for chunk in after[len(before):] for p in chunk]
+        assert not seen & {p["prompt"] for p in new} and len({p["prompt"] for p in new}) == len(new)
+        seen |= {p["prompt"] for p in new}
+        for p in new:
+            kind, topic, *rest = p["id"].split(":")
+            assert not is_heldout_topic(topic) and "{" not in p["prompt"]
+            if len(rest) == 2:  # a two-topic prompt: its partner is another training topic
+                assert rest[1] != topic and not is_heldout_topic(rest[1]) and rest[1] in p["prompt"]
+    assert any(len(p["id"].split(":")) == 4 for p in chat_prompts("train", rounds=len(ROUNDS)))
+    heldout = chat_prompts("heldout", rounds=len(ROUNDS))
+    assert all(is_heldout_topic(p["id"].split(":")[1]) for p in heldout)
+    assert {p["id"].split(":")[1] for p in heldout if p["kind"] == "general"} == \
+        {t for t in _topics(GENERAL_TOPICS) if is_heldout_topic(t)}

@@ -142,8 +142,82 @@ PYTHON_TEMPLATES_3 = [
     "Write a Python function that {t}, and show its output on two examples.",
 ]
 
+# A fourth round, for the data made on vLLM (seventh session): more kinds of answer over the same topics.
+GENERAL_TEMPLATES_4 = [
+    "Explain {t} to a five-year-old.",
+    "Explain {t} to a university student.",
+    "Write a limerick about {t}.",
+    "Summarize {t} in exactly three bullet points.",
+    "Write an FAQ with three questions and answers about {t}.",
+    "How is {t} part of everyday life?",
+    "Describe {t} using an analogy.",
+    "Give a short timeline of important moments in the story of {t}.",
+    "How would a scientist explain {t}?",
+    "Define five words a learner should know when studying {t}.",
+    "Write a persuasive paragraph about why {t} matters.",
+    "What jobs or careers are connected to {t}?",
+    "Outline a 30-minute lesson plan on {t}.",
+    "Write a short news report about a new discovery related to {t}.",
+    "What are the main parts of {t}, and what does each do?",
+    "Write an email to a friend about {t}.",
+    "Write a riddle whose answer is {t}, then give the answer.",
+    "What mistakes do people often make about {t}, and how can they avoid them?",
+    "Describe {t} from the point of view of a curious alien visiting Earth.",
+    "Make a Markdown table with four facts about {t}.",
+    "Write a JSON object that describes {t} with a few fields.",
+    "Spiega {t} in parole semplici, in italiano.",
+    "Explique {t} em poucas palavras, em português.",
+    "What is one surprising thing about {t}? Explain why it is surprising.",
+    "Write a short speech for a school assembly about {t}.",
+    "If you could ask an expert one question about {t}, what would it be, and what might they answer?",
+]
+
+PYTHON_TEMPLATES_4 = [
+    "Write a Go function that {t}.",
+    "Write a C++ function that {t}.",
+    "Write a Ruby method that {t}.",
+    "Write a Kotlin function that {t}.",
+    "Write a C# method that {t}.",
+    "Write a Python function that {t}, with a docstring and type hints, and no imports.",
+    "A beginner wrote a Python function that {t}, but it crashes on empty input. Show a fixed version.",
+    "Write a recursive Python function that {t}, if recursion fits; otherwise explain why not and use a loop.",
+    "Describe in plain English an algorithm that {t}, then write it in Python.",
+    "Write a Python function that {t}, and a pytest test for it.",
+    "Write a Python function that {t}. Then rewrite it in a more compact style.",
+    "Write a Python function that {t}, and explain its edge cases.",
+    "Write a Python command-line script that {t}, reading its input from sys.argv.",
+    "Write a Python function that {t}, with comments on every line.",
+]
+
+# A fifth round: two topics per prompt ({t} and a partner {u} from the same split), so the mix stays a split
+# by topic while the number of distinct prompts grows with the pairs.
+GENERAL_TEMPLATES_5 = [
+    "Compare {t} and {u}.",
+    "How are {t} and {u} connected?",
+    "Write a short story that involves {t} and {u}.",
+    "Explain {t} first, then {u}, in simple terms.",
+    "What do {t} and {u} have in common, and how do they differ?",
+    "Write a short poem that mentions {t} and {u}.",
+    "Which is easier to explain to a child, {t} or {u}? Explain both.",
+    "Give two facts about {t} and two facts about {u}.",
+    "Write a dialogue in which one person asks about {t} and the other about {u}.",
+    "Plan a school project that combines {t} and {u}.",
+    "Write a quiz with one question about {t} and one about {u}, with answers.",
+    "Tell me about {t}. Then tell me about {u}.",
+]
+
+PYTHON_TEMPLATES_5 = [
+    "Write a Python module with two functions: one that {t}, and one that {u}.",
+    "Write a Python function that {t}, and another that {u}. Show how to call both.",
+    "Which is harder to write in Python: a function that {t}, or one that {u}? Write both.",
+    "Write Python code that {t}, then a second function that {u}, with a docstring each.",
+    "Write a JavaScript function that {t} and a Python function that {u}.",
+    "Write a small Python class whose methods do two things: one {t}, and the other {u}.",
+]
+
 ROUNDS = [(GENERAL_TEMPLATES, PYTHON_TEMPLATES), (GENERAL_TEMPLATES_2, PYTHON_TEMPLATES_2),
-          (GENERAL_TEMPLATES_3, PYTHON_TEMPLATES_3)]
+          (GENERAL_TEMPLATES_3, PYTHON_TEMPLATES_3), (GENERAL_TEMPLATES_4, PYTHON_TEMPLATES_4),
+          (GENERAL_TEMPLATES_5, PYTHON_TEMPLATES_5)]
 
 
 def _topics(blob: str) -> list[str]:
@@ -169,10 +243,14 @@ def chat_prompts(split: str = "train", seed: int = 0, rounds: int = 1) -> list[d
     for r, (general, python) in enumerate(ROUNDS[:rounds]):
         this = []
         for kind, blob, templates in (("general", GENERAL_TOPICS, general), ("python", PYTHON_TASKS, python)):
-            for topic, (i, template) in itertools.product(_topics(blob), enumerate(templates)):
-                if is_heldout_topic(topic) == (split == "heldout"):
-                    tag = f"{i}" if r == 0 else f"r{r + 1}.{i}"
-                    this.append({"id": f"{kind}:{topic}:{tag}", "prompt": template.format(t=topic), "kind": kind})
+            topics = [t for t in _topics(blob) if is_heldout_topic(t) == (split == "heldout")]
+            for (k, topic), (i, template) in itertools.product(enumerate(topics), enumerate(templates)):
+                tag = f"{i}" if r == 0 else f"r{r + 1}.{i}"
+                fill = {"t": topic}
+                if "{u}" in template:  # a partner from the same split, never the topic itself
+                    fill["u"] = topics[(k + 1 + (7 * i) % max(len(topics) - 1, 1)) % len(topics)]
+                    tag += f":{fill['u']}"
+                this.append({"id": f"{kind}:{topic}:{tag}", "prompt": template.format(**fill), "kind": kind})
         random.Random(seed if r == 0 else seed * 1_000 + r).shuffle(this)
         out += this
     return out

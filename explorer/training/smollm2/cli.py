@@ -41,6 +41,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--init-from", type=Path, default=None,
                     help="draft, eagle, diffusion: start from an exported folder (e.g. assets/models/smollm2-135m/"
                          "draft, .../eagle or .../diffusion) when the work dir has no checkpoint")
+    ap.add_argument("--engine", choices=["torch", "vllm"], default="torch",
+                    help="data: generate with transformers in this process, or with vLLM's CPU engine (~5x faster; "
+                    "bfloat16; installs the engine venv on first use)")
+    ap.add_argument("--cores", default=None,
+                    help="data --engine vllm: the CPU cores vLLM binds, e.g. 1 or 0-1 (default: the first --threads)")
     ap.add_argument("--bf16", action="store_true",
                     help="eagle, diffusion: bfloat16 autocast for forward and backward (a CPU with native bf16)")
     ap.add_argument("--certainty", type=float, default=0.0,
@@ -67,7 +72,8 @@ def main(argv=None) -> None:
             if not 0 <= args.part < args.parts:
                 raise ExplorerError(f"--part must be in 0 .. {args.parts - 1} (got {args.part})")
             generate_data(work, args.budget_min, batch=args.batch or 32, max_new=args.max_new, seed=args.seed,
-                          part=args.part, parts=args.parts)
+                          part=args.part, parts=args.parts, engine=args.engine,
+                          cores=args.cores or (f"0-{args.threads - 1}" if args.threads > 1 else "0"))
         elif args.stage == "restore":
             print(json.dumps(restore_from_history(work / "data", REPO)))
             heldout = work / "data" / "heldout_greedy.pt"

@@ -19,6 +19,7 @@ from explorer.training.smollm2.common import (
     load_target,
     log_event,
 )
+from explorer.training.smollm2.engine_data import generate_shards
 from explorer.training.smollm2.store import save_compact, shard_paths
 
 
@@ -65,13 +66,15 @@ def prompt_chunks(batch: int, seed: int = 0, rounds: int = len(ROUNDS)) -> list[
 
 
 def generate_data(work: Path, budget_min: float, batch: int = 32, max_new: int = 256, seed: int = 0,
-                  part: int = 0, parts: int = 1, rounds: int = len(ROUNDS)) -> dict:
+                  part: int = 0, parts: int = 1, rounds: int = len(ROUNDS), engine: str = "torch",
+                  cores: str = "0") -> dict:
     """Append compact shards (prompt and answer ids, ``store.save_compact``) until the budget or the prompts
     run out. (Shards made before the compact form also hold the teacher's top-k log-probs.)
 
     The target's final hidden states along each prompt + answer are kept beside it (work/eagle/feats)
     for the EAGLE head. Shard ``i`` holds the ``i``-th batch of ``prompt_chunks`` (fixed order), so a run
     resumes at the first missing shard. Even shards are greedy, odd shards temperature 1.
+    ``engine="vllm"`` makes the same shards with vLLM's CPU engine (``engine_data.py``) on ``cores``.
     """
     budget = budget_seconds(budget_min)
     data = work / "data"
@@ -84,6 +87,20 @@ def generate_data(work: Path, budget_min: float, batch: int = 32, max_new: int =
     # ``parts`` processes can share the work: process ``part`` takes shard pairs (greedy, T=1) p, p+parts...
     have = shard_paths(data)
     todo = [i for i in range(n_shards) if (i // 2) % parts == part and i not in have]
+    if engine == "vllm":
+        del model  # vLLM loads its own copy
+        bar = tqdm(total=len(todo), desc="data on vLLM (shards)")
+
+        def done(i: int, n: int) -> None:
+            bar.update(1)
+            log_event(work, "data", shard=i, answer_tokens=n, engine="vllm")
+
+        info = generate_shards(data, work / "target", [(i, chunks[i]) for i in todo],
+                               lambda text: tok(chat_text(tok, text))["input_ids"], tok.eos_token_id, budget,
+                               max_new=max_new, seed=seed, cores=cores, on_shard=done)
+        info["answer_tokens_total"] = sum(len(r["answer_ids"]) for r in load_rows(work))
+        print(json.dumps(info))
+        return info
     bar = tqdm(todo, desc="data (shards)")
     for i in bar:
         chunk = chunks[i]
