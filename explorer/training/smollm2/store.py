@@ -95,6 +95,28 @@ def git(repo: Path, *args: str) -> bytes:
         raise ExplorerError(f"cannot read the shards from git in {repo}: {why}") from None
 
 
+def read_blobs(repo: Path, specs: list[str]) -> list[bytes]:
+    """The contents of ``commit:path`` objects, all through one ``git cat-file --batch``."""
+    if not specs:
+        return []
+    try:
+        done = subprocess.run(["git", "-C", str(repo), "cat-file", "--batch"], input="\n".join(specs).encode() + b"\n",
+                              capture_output=True, check=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        why = (getattr(exc, "stderr", None) or b"").decode().strip()[:200] or str(exc)
+        raise ExplorerError(f"cannot read the shards from git in {repo}: {why}") from None
+    out, at, blobs = done.stdout, 0, []
+    for spec in specs:
+        end = out.index(b"\n", at)
+        header = out[at:end].split()
+        if len(header) != 3 or header[1] != b"blob":
+            raise ExplorerError(f"cannot read {spec} from git in {repo}: {out[at:end].decode(errors='replace')}")
+        size = int(header[2])
+        blobs.append(out[end + 1:end + 1 + size])
+        at = end + 1 + size + 1  # the content, then one newline
+    return blobs
+
+
 def history_files(repo: Path, folder: str = HISTORY_FOLDER) -> list[str]:
     """The compact shards and ``heldout_greedy.pt`` ever added under ``folder`` in the history of HEAD."""
     listed = git(repo, "log", "--format=", "--name-only", "--diff-filter=A", "HEAD", "--", folder).decode().split()
@@ -108,17 +130,21 @@ def restore_from_history(dest: Path, repo: Path, folder: str = HISTORY_FOLDER) -
     The shards are committed once (``compact``, then ``git add``) and removed from the working tree in the next
     commit: the tree stays small (it travels to a GPU machine in 64 MiB calls) and the history keeps the data."""
     dest.mkdir(parents=True, exist_ok=True)
-    wanted = history_files(repo, folder)
-    copied = 0
-    for path in wanted:
+    wanted = [p for p in history_files(repo, folder) if not (dest / Path(p).name).exists()]
+    last: dict[str, str] = {}  # path -> the newest commit that added or changed it: one `git log` for all
+    sha = ""
+    for line in git(repo, "log", "--format=commit %H", "--name-only", "--diff-filter=AM", "HEAD", "--",
+                    folder).decode().splitlines():
+        if line.startswith("commit "):
+            sha = line.split()[1]
+        elif line.strip():
+            last.setdefault(line.strip(), sha)
+    for path, blob in zip(wanted, read_blobs(repo, [f"{last[p]}:{p}" for p in wanted]), strict=True):
         out = dest / Path(path).name
-        if out.exists():
-            continue
-        sha = git(repo, "log", "-1", "--format=%H", "--diff-filter=AM", "HEAD", "--", path).decode().strip()
         tmp = out.with_name(out.name + ".tmp")
-        tmp.write_bytes(git(repo, "show", f"{sha}:{path}"))
+        tmp.write_bytes(blob)
         tmp.rename(out)
-        copied += 1
+    copied = len(wanted)
     shards = list(dest.glob("shard_*.npz"))
     if not shards:
         raise ExplorerError(f"no compact shard under {folder} in the history of {repo}")
