@@ -215,9 +215,37 @@ PYTHON_TEMPLATES_5 = [
     "Write a small Python class whose methods do two things: one {t}, and the other {u}.",
 ]
 
+# A sixth round: two topics again, each template with partners no earlier template used (``chat_prompts``).
+GENERAL_TEMPLATES_6 = [
+    "Write a short letter from {t} to {u}.",
+    "Explain how {t} could help someone learn about {u}.",
+    "Write a short debate: which matters more, {t} or {u}?",
+    "Make a Markdown table that compares {t} and {u}.",
+    "Write one riddle about {t} and one about {u}, with the answers.",
+    "Describe a museum with one room about {t} and one about {u}.",
+    "What can {t} teach us about {u}?",
+    "Write a haiku about {t} and a haiku about {u}.",
+    "Give a beginner's guide to {t}, then to {u}, in short bullet points.",
+    "Write three quiz questions that mix {t} and {u}, with answers.",
+    "Explain {t} and {u} to a ten-year-old.",
+    "Write a short blog post that connects {t} and {u}.",
+    "I have ten minutes to learn about {t} and {u}. What should I read first, and why?",
+    "Write a short conversation between two friends, one who loves {t} and one who loves {u}.",
+]
+
+PYTHON_TEMPLATES_6 = [
+    "Write two Python functions, one that {t} and one that {u}, and a main block that calls both.",
+    "Write a Go function that {t} and a Python function that {u}.",
+    "Write pytest tests for a function that {t} and for a function that {u}.",
+    "Explain the time complexity of a function that {t} and of a function that {u}, with code.",
+    "Write a C function that {t} and a Rust function that {u}.",
+    "Write a Python script with a menu: option 1 {t}, option 2 {u}.",
+    "Write a TypeScript function that {t} and a Java method that {u}.",
+]
+
 ROUNDS = [(GENERAL_TEMPLATES, PYTHON_TEMPLATES), (GENERAL_TEMPLATES_2, PYTHON_TEMPLATES_2),
           (GENERAL_TEMPLATES_3, PYTHON_TEMPLATES_3), (GENERAL_TEMPLATES_4, PYTHON_TEMPLATES_4),
-          (GENERAL_TEMPLATES_5, PYTHON_TEMPLATES_5)]
+          (GENERAL_TEMPLATES_5, PYTHON_TEMPLATES_5), (GENERAL_TEMPLATES_6, PYTHON_TEMPLATES_6)]
 
 
 def _topics(blob: str) -> list[str]:
@@ -244,11 +272,13 @@ def chat_prompts(split: str = "train", seed: int = 0, rounds: int = 1) -> list[d
         this = []
         for kind, blob, templates in (("general", GENERAL_TOPICS, general), ("python", PYTHON_TASKS, python)):
             topics = [t for t in _topics(blob) if is_heldout_topic(t) == (split == "heldout")]
+            # two-topic templates of earlier rounds: this round's partners start after theirs
+            earlier = sum("{u}" in t for g, p in ROUNDS[:r] for t in (g if kind == "general" else p))
             for (k, topic), (i, template) in itertools.product(enumerate(topics), enumerate(templates)):
                 tag = f"{i}" if r == 0 else f"r{r + 1}.{i}"
                 fill = {"t": topic}
                 if "{u}" in template:  # a partner from the same split, never the topic itself
-                    fill["u"] = topics[(k + 1 + (7 * i) % max(len(topics) - 1, 1)) % len(topics)]
+                    fill["u"] = topics[(k + 1 + (7 * (earlier + i)) % max(len(topics) - 1, 1)) % len(topics)]
                     tag += f":{fill['u']}"
                 this.append({"id": f"{kind}:{topic}:{tag}", "prompt": template.format(**fill), "kind": kind})
         random.Random(seed if r == 0 else seed * 1_000 + r).shuffle(this)
