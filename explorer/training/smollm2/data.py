@@ -74,7 +74,8 @@ def generate_data(work: Path, budget_min: float, batch: int = 32, max_new: int =
     The target's final hidden states along each prompt + answer are kept beside it (work/eagle/feats)
     for the EAGLE head. Shard ``i`` holds the ``i``-th batch of ``prompt_chunks`` (fixed order), so a run
     resumes at the first missing shard. Even shards are greedy, odd shards temperature 1.
-    ``engine="vllm"`` makes the same shards with vLLM's CPU engine (``engine_data.py``) on ``cores``.
+    ``engine="vllm"`` makes the same shards with vLLM's CPU engine (``engine_data.py``) on ``cores``, without
+    the features (the eagle stage extracts them).
     """
     budget = budget_seconds(budget_min)
     data = work / "data"
