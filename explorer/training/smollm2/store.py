@@ -87,9 +87,9 @@ def compact_folder(src: Path, dest: Path, committed: set[str] = frozenset()) -> 
     return {"shards_made": made, "shards": len(list(dest.glob("shard_*.npz"))), "answer_tokens": tokens}
 
 
-def git(repo: Path, *args: str) -> bytes:
+def git(repo: Path, *args: str, stdin: bytes | None = None) -> bytes:
     try:
-        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, check=True).stdout
+        return subprocess.run(["git", "-C", str(repo), *args], input=stdin, capture_output=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError) as exc:
         why = (getattr(exc, "stderr", None) or b"").decode().strip()[:200] or str(exc)
         raise ExplorerError(f"cannot read the shards from git in {repo}: {why}") from None
@@ -99,13 +99,7 @@ def read_blobs(repo: Path, specs: list[str]) -> list[bytes]:
     """The contents of ``commit:path`` objects, all through one ``git cat-file --batch``."""
     if not specs:
         return []
-    try:
-        done = subprocess.run(["git", "-C", str(repo), "cat-file", "--batch"], input="\n".join(specs).encode() + b"\n",
-                              capture_output=True, check=True)
-    except (OSError, subprocess.CalledProcessError) as exc:
-        why = (getattr(exc, "stderr", None) or b"").decode().strip()[:200] or str(exc)
-        raise ExplorerError(f"cannot read the shards from git in {repo}: {why}") from None
-    out, at, blobs = done.stdout, 0, []
+    out, at, blobs = git(repo, "cat-file", "--batch", stdin="\n".join(specs).encode() + b"\n"), 0, []
     for spec in specs:
         end = out.index(b"\n", at)
         header = out[at:end].split()
@@ -117,10 +111,24 @@ def read_blobs(repo: Path, specs: list[str]) -> list[bytes]:
     return blobs
 
 
+def history_versions(repo: Path, folder: str = HISTORY_FOLDER) -> dict[str, str]:
+    """The compact shards and ``heldout_greedy.pt`` ever committed under ``folder`` in the history of HEAD, each
+    with the newest commit that added or changed it (one ``git log``), in path order."""
+    last: dict[str, str] = {}
+    sha = ""
+    for line in git(repo, "log", "--format=commit %H", "--name-only", "--diff-filter=AM", "HEAD", "--",
+                    folder).decode().splitlines():
+        if line.startswith("commit "):
+            sha = line.split()[1]
+        elif line.strip():
+            last.setdefault(line.strip(), sha)  # newest first: the first commit seen is the last version
+    return {p: last[p] for p in sorted(last)
+            if p.endswith(".npz") and SHARD.search(p) or p.endswith("heldout_greedy.pt")}
+
+
 def history_files(repo: Path, folder: str = HISTORY_FOLDER) -> list[str]:
     """The compact shards and ``heldout_greedy.pt`` ever added under ``folder`` in the history of HEAD."""
-    listed = git(repo, "log", "--format=", "--name-only", "--diff-filter=A", "HEAD", "--", folder).decode().split()
-    return sorted({p for p in listed if p.endswith(".npz") and SHARD.search(p) or p.endswith("heldout_greedy.pt")})
+    return list(history_versions(repo, folder))
 
 
 def restore_from_history(dest: Path, repo: Path, folder: str = HISTORY_FOLDER) -> dict:
@@ -130,16 +138,9 @@ def restore_from_history(dest: Path, repo: Path, folder: str = HISTORY_FOLDER) -
     The shards are committed once (``compact``, then ``git add``) and removed from the working tree in the next
     commit: the tree stays small (it travels to a GPU machine in 64 MiB calls) and the history keeps the data."""
     dest.mkdir(parents=True, exist_ok=True)
-    wanted = [p for p in history_files(repo, folder) if not (dest / Path(p).name).exists()]
-    last: dict[str, str] = {}  # path -> the newest commit that added or changed it: one `git log` for all
-    sha = ""
-    for line in git(repo, "log", "--format=commit %H", "--name-only", "--diff-filter=AM", "HEAD", "--",
-                    folder).decode().splitlines():
-        if line.startswith("commit "):
-            sha = line.split()[1]
-        elif line.strip():
-            last.setdefault(line.strip(), sha)
-    for path, blob in zip(wanted, read_blobs(repo, [f"{last[p]}:{p}" for p in wanted]), strict=True):
+    versions = history_versions(repo, folder)
+    wanted = [p for p in versions if not (dest / Path(p).name).exists()]
+    for path, blob in zip(wanted, read_blobs(repo, [f"{versions[p]}:{p}" for p in wanted]), strict=True):
         out = dest / Path(path).name
         tmp = out.with_name(out.name + ".tmp")
         tmp.write_bytes(blob)
