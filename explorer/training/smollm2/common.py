@@ -22,8 +22,8 @@ DEFAULT_WORK = Path(os.environ.get("EXPLORER_TRAIN_DIR", Path.home() / ".cache" 
 TOP_K = 20  # teacher log-probs kept per answer position
 
 
-def load_target(work: Path):
-    """The target, dequantized from the GGUF once and kept as fp32 safetensors in ``work/target``."""
+def target_folder(work: Path) -> Path:
+    """``work/target``: the target dequantized from the GGUF once and kept as fp32 safetensors with its tokenizer."""
     from transformers import (  # deferred: transformers auto classes (~0.4 s to import)
         AutoModelForCausalLM,
         AutoTokenizer,
@@ -44,6 +44,17 @@ def load_target(work: Path):
             tmp.rename(cached)
         except OSError:  # the other stage got there first: its copy is the same weights
             shutil.rmtree(tmp)
+    return cached
+
+
+def load_target(work: Path):
+    """The target (fp32, from ``target_folder``) and its tokenizer."""
+    from transformers import (  # deferred: transformers auto classes (~0.4 s to import)
+        AutoModelForCausalLM,
+        AutoTokenizer,
+    )
+
+    cached = target_folder(work)
     tok = AutoTokenizer.from_pretrained(cached)
     model = AutoModelForCausalLM.from_pretrained(cached, dtype=torch.float32).eval().requires_grad_(False)
     return model, tok

@@ -18,9 +18,10 @@ from explorer.training.smollm2.common import (
     load_rows,
     load_target,
     log_event,
+    target_folder,
 )
 from explorer.training.smollm2.engine_data import generate_shards
-from explorer.training.smollm2.store import save_compact, shard_paths
+from explorer.training.smollm2.store import save_compact, shard_paths, shard_temperature
 
 
 class FeatureRecorder:
@@ -80,33 +81,36 @@ def generate_data(work: Path, budget_min: float, batch: int = 32, max_new: int =
     budget = budget_seconds(budget_min)
     data = work / "data"
     data.mkdir(parents=True, exist_ok=True)
-    model, tok = load_target(work)
-    tok.padding_side = "left"
     chunks = prompt_chunks(batch, seed, rounds)
     n_shards = len(chunks)
     start, made, tokens = time.time(), 0, 0
     # ``parts`` processes can share the work: process ``part`` takes shard pairs (greedy, T=1) p, p+parts...
     have = shard_paths(data)
     todo = [i for i in range(n_shards) if (i // 2) % parts == part and i not in have]
-    if engine == "vllm":
-        del model  # vLLM loads its own copy
+    if engine == "vllm":  # vLLM loads the weights itself: only the folder and the tokenizer here
+        from transformers import AutoTokenizer  # deferred: transformers auto classes (~0.4 s to import)
+
+        folder = target_folder(work)
+        tok = AutoTokenizer.from_pretrained(folder)
         bar = tqdm(total=len(todo), desc="data on vLLM (shards)")
 
         def done(i: int, n: int) -> None:
             bar.update(1)
             log_event(work, "data", shard=i, answer_tokens=n, engine="vllm")
 
-        info = generate_shards(data, work / "target", [(i, chunks[i]) for i in todo],
+        info = generate_shards(data, folder, [(i, chunks[i]) for i in todo],
                                lambda text: tok(chat_text(tok, text))["input_ids"], tok.eos_token_id, budget,
                                max_new=max_new, seed=seed, cores=cores, on_shard=done)
         info["answer_tokens_total"] = sum(len(r["answer_ids"]) for r in load_rows(work))
         print(json.dumps(info))
         return info
+    model, tok = load_target(work)
+    tok.padding_side = "left"
     bar = tqdm(todo, desc="data (shards)")
     for i in bar:
         chunk = chunks[i]
         enc = tok([chat_text(tok, p["prompt"]) for p in chunk], return_tensors="pt", padding=True)
-        greedy = i % 2 == 0
+        greedy = shard_temperature(i) == 0.0
         torch.manual_seed(seed * 100_003 + i)
         recorder, features = TopKRecorder(TOP_K), FeatureRecorder(model)
         with torch.inference_mode():
@@ -126,7 +130,7 @@ def generate_data(work: Path, budget_min: float, batch: int = 32, max_new: int =
                 n = answer.index(tok.eos_token_id) + 1  # keep the end-of-turn token: the draft must learn it
             rows.append({"id": p["id"], "prompt_ids": prompt_ids, "answer_ids": answer[:n],
                          "top_ids": top_id[b, :n].clone(), "top_lp": top_lp[b, :n].clone(),
-                         "temperature": 0.0 if greedy else 1.0})
+                         "temperature": shard_temperature(i)})
             feats.append(hidden[b, plen - len(prompt_ids):plen + n - 1].clone())  # prompt + answer[:-1]
             tokens += n
         feats_dir = work / "eagle" / "feats"

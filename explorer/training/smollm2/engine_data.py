@@ -23,7 +23,7 @@ from pathlib import Path
 
 from explorer.engine.install import install_vllm
 from explorer.errors import ExplorerError
-from explorer.training.smollm2.store import save_compact, shard_paths
+from explorer.training.smollm2.store import save_compact, shard_paths, shard_temperature
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
 
@@ -115,10 +115,10 @@ def generate_shards(data: Path, model_dir: Path, todo: list[tuple[int, list[dict
             group = todo[g:g + shards_per_call]
             encoded = {i: [encode(p["prompt"]) for p in chunk] for i, chunk in group}
             request = {"max_new": max_new, "stop_id": stop_id, "shards": [
-                {"i": i, "temperature": 0.0 if i % 2 == 0 else 1.0, "prompts": encoded[i]} for i, _ in group]}
+                {"i": i, "temperature": shard_temperature(i), "prompts": encoded[i]} for i, _ in group]}
             result = worker.generate(request, data / f"vllm-request-{os.getpid()}.json")
             for (i, chunk), shard in zip(group, result["shards"], strict=True):
-                rows = answer_rows(chunk, encoded[i], shard["answers"], stop_id, 0.0 if i % 2 == 0 else 1.0)
+                rows = answer_rows(chunk, encoded[i], shard["answers"], stop_id, shard_temperature(i))
                 save_compact(data / f"shard_{i:05d}.npz", rows)
                 n = sum(len(r["answer_ids"]) for r in rows)
                 tokens, made = tokens + n, made + 1

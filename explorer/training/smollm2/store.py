@@ -59,6 +59,11 @@ def load_compact(path: Path) -> list[dict]:
     return rows
 
 
+def shard_temperature(i: int) -> float:
+    """The data stage's rule, whichever generator made the shard: even shards greedy, odd ones temperature 1."""
+    return 0.0 if i % 2 == 0 else 1.0
+
+
 def shard_paths(folder: Path) -> dict[int, Path]:
     """Shard index -> file, for both forms; where both exist the compact one wins (they hold the same rows)."""
     found: dict[int, Path] = {}
