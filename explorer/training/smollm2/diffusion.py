@@ -241,7 +241,7 @@ def train_diffusion(work: Path, budget_min: float, rank: int = 16, batch: int = 
         order = torch.randperm(len(rows), generator=gen).tolist()
         for start_i in range(0, len(order) - batch + 1, batch):
             elapsed = time.time() - start
-            if elapsed > budget:
+            if elapsed > budget and step_in_run > 0:  # every run makes at least one step
                 done = True
                 break
             warm = min(1.0, (step_in_run + 1) / 10)

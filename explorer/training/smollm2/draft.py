@@ -194,7 +194,7 @@ def train_draft(work: Path, budget_min: float, layers: int = 4, keep_vocab: int 
         rows = load_rows(work)  # the data stage may still be adding shards
         for ids, mask, positions, top_ids, top_lp in draft_batches(rows, batch, gen, tok.pad_token_id):
             elapsed = time.time() - start
-            if elapsed > budget:
+            if elapsed > budget and step_in_run > 0:  # every run makes at least one step
                 done = True
                 break
             schedule_lr(opt, lr, step_in_run, elapsed / budget)
