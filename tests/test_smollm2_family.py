@@ -159,6 +159,7 @@ def test_miniature_training_of_both_recipes_exports_files_that_load_and_decode(m
     from explorer.families.eagle import load_eagle_head
     from explorer.families.smollm2.diffusion_adapter import load_diffusion_adapter
     from explorer.training.smollm2 import common, data, diffusion, draft, eagle, export
+    from explorer.training.smollm2 import draft as draft_stage
 
     monkeypatch.setattr(common, "HELDOUT_PROMPTS", 2)
     monkeypatch.setattr(common, "HELDOUT_TOKENS", 6)
@@ -230,6 +231,22 @@ def test_miniature_training_of_both_recipes_exports_files_that_load_and_decode(m
     assert spec.token_ids == ar.token_ids
     spec = explorer.decode("speculative", models, "Tell me about tea.", max_new_tokens=8, gamma=3, drafter="assistant")
     assert spec.token_ids == ar.token_ids
+    # the head shipped with fewer tokens: the most frequent of those it trained with, end of turn kept, still exact
+    narrow = export.export(mini_work, mini_work / "narrow", eagle_vocab=24)
+    small = load_eagle_head(mini_work / "narrow" / "eagle", target, torch.float32)
+    export.export(mini_work, mini_work / "full")  # the same checkpoint with all its tokens
+    full = load_eagle_head(mini_work / "full" / "eagle", target, torch.float32)
+    counts = draft_stage.token_counts(mini_work, tok, target.config.vocab_size)
+    counts[tok.eos_token_id] += 1e9
+    dropped = sorted(set(full.kept_ids.tolist()) - set(small.kept_ids.tolist()))
+    assert narrow["eagle"]["kept_vocab"] == 24 and narrow["eagle"]["trained_vocab"] == 64 and len(dropped) == 40
+    assert tok.eos_token_id in small.kept_ids and counts[small.kept_ids].min() >= counts[dropped].max()
+    assert torch.equal(small.fc.weight, full.fc.weight) and torch.equal(small.layer.o_proj.weight, full.layer.o_proj.weight)
+    models.assistant = small
+    spec = explorer.decode("speculative", models, "Tell me about tea.", max_new_tokens=8, gamma=3, drafter="assistant")
+    assert spec.token_ids == ar.token_ids
+    with pytest.raises(ExplorerError, match="keep-vocab"):
+        export.export(mini_work, mini_work / "narrow", eagle_vocab=65)
     diff = explorer.decode("diffusion", models, "Tell me about tea.", max_new_tokens=8, steps=8, block_length=4)
     assert diff.stats["target_forward_passes"] == 8 and diff.token_ids
     assert getattr(target.config, "is_causal", True) is not False  # the adapter worked on a copy
@@ -380,3 +397,21 @@ def test_a_new_round_of_wordings_appends_shards_and_keeps_every_earlier_one():
     assert all(is_heldout_topic(p["id"].split(":")[1]) for p in heldout)
     assert {p["id"].split(":")[1] for p in heldout if p["kind"] == "general"} == \
         {t for t in _topics(GENERAL_TOPICS) if is_heldout_topic(t)}
+
+
+def test_eagle_trains_on_answers_without_features_first_and_picks_up_new_shards(tmp_path):
+    from explorer.training.smollm2.eagle import shard_plan
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "eagle" / "feats").mkdir(parents=True)
+    for i in range(8):
+        (tmp_path / "data" / f"shard_{i:05d}.npz").write_bytes(b"")
+    for i in (0, 2, 4, 6):  # a shard the head already trained on has its features cached
+        (tmp_path / "eagle" / "feats" / f"shard_{i:05d}.pt").write_bytes(b"")
+    gen = torch.Generator().manual_seed(0)
+    plan = [int(p.stem.split("_")[1]) for p in shard_plan(tmp_path, gen)]
+    assert sorted(plan[:4]) == [1, 3, 5, 7] and sorted(plan[4:]) == [0, 2, 4, 6]
+    orders = {tuple(int(p.stem.split("_")[1]) for p in shard_plan(tmp_path, gen)) for _ in range(20)}
+    assert len(orders) > 1  # shuffled within each part, pass after pass
+    (tmp_path / "data" / "shard_00008.npz").write_bytes(b"")  # the data stage adds a shard during the run
+    assert 8 in {int(p.stem.split("_")[1]) for p in shard_plan(tmp_path, gen)[:5]}  # with the new answers

@@ -36,7 +36,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--parts", type=int, default=1, help="data: how many processes share the prompts")
     ap.add_argument("--layers", type=int, default=4, help="draft: decoder layers copied from the target")
     ap.add_argument("--keep-vocab", type=int, default=None,
-                    help="draft, eagle: size of the trimmed head (FR-Spec; default 8192 draft, 16384 eagle)")
+                    help="draft, eagle: size of the trimmed head (FR-Spec; default 8192 draft, 16384 eagle); "
+                         "export: ship the EAGLE head with only its this many most frequent tokens")
     ap.add_argument("--depths", type=int, default=3, help="eagle: drafting steps unrolled in training")
     ap.add_argument("--init-from", type=Path, default=None,
                     help="draft, eagle, diffusion: start from an exported folder (e.g. assets/models/smollm2-135m/"
@@ -94,7 +95,7 @@ def main(argv=None) -> None:
                             lr=args.lr or 5e-4, seed=args.seed, init_from=args.init_from, bf16=args.bf16,
                             certainty=args.certainty)
         elif args.stage == "export":
-            export(work, args.out)
+            export(work, args.out, eagle_vocab=args.keep_vocab)
     except ExplorerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -14,7 +14,7 @@ from explorer.families.eagle import build_eagle_head, save_eagle_head
 from explorer.families.smollm2.trimmed_draft import save_trimmed_draft
 from explorer.training.smollm2.common import load_target, machine
 from explorer.training.smollm2.diffusion import MASK_TOKEN, build_diffusion
-from explorer.training.smollm2.draft import build_draft
+from explorer.training.smollm2.draft import build_draft, token_counts
 
 ASSET_DIR = Path(__file__).resolve().parents[3] / "assets" / "models" / "smollm2-135m"
 # The LoRA factors as int4 in groups of 16 (their rank, so B's rows of 16 fit one group): a factor's error moves
@@ -22,11 +22,13 @@ ASSET_DIR = Path(__file__).resolve().parents[3] / "assets" / "models" / "smollm2
 LORA_GROUP = 16
 
 
-def export(work: Path, out: Path | None = None) -> dict:
+def export(work: Path, out: Path | None = None, eagle_vocab: int | None = None) -> dict:
     """Write the shipped artefacts from the latest checkpoints: ``draft/`` (trimmed-head draft), ``eagle/``
     (EAGLE head) and ``diffusion/`` (LoRA delta, mask embedding, diffusion_config.json); the weights compact
     (``explorer.compact_weights``: the draft as int4 differences from the target, the EAGLE head in int8 rows,
-    the LoRA factors in int4 groups of ``LORA_GROUP``), the mask embedding in fp16."""
+    the LoRA factors in int4 groups of ``LORA_GROUP``), the mask embedding in fp16. ``eagle_vocab`` ships the EAGLE
+    head with only that many of its kept tokens, the most frequent in the distilled answers (FR-Spec again: its LM
+    head is most of a drafting step's cost, and rare tokens are rarely accepted)."""
     from peft import get_peft_model_state_dict, set_peft_model_state_dict  # deferred: peft (~2.7 s to import)
 
     out = (out or ASSET_DIR).expanduser()
@@ -49,10 +51,17 @@ def export(work: Path, out: Path | None = None) -> dict:
                                                            if "embed_tokens" not in n)}
     if eagle_ckpt.exists():
         ckpt = torch.load(eagle_ckpt)
-        head = build_eagle_head(target, ckpt["kept_ids"])
-        head.load_state_dict(ckpt["model"])
+        kept = ckpt["kept_ids"]
+        if eagle_vocab is not None and not 1 <= eagle_vocab <= len(kept):
+            raise ExplorerError(f"--keep-vocab for the EAGLE head must be 1 .. {len(kept)} (got {eagle_vocab})")
+        if eagle_vocab is not None:
+            counts = token_counts(work, tok, target.config.vocab_size)
+            counts[tok.eos_token_id] += 1e9  # the end of turn stays proposable
+            kept = kept[counts[kept].topk(eagle_vocab).indices].sort().values
+        head = build_eagle_head(target, kept)
+        head.load_state_dict({**ckpt["model"], "kept_ids": kept})
         save_eagle_head(head, out / "eagle", target=target)
-        report["eagle"] = {"kept_vocab": len(ckpt["kept_ids"]), **ckpt["progress"],
+        report["eagle"] = {"kept_vocab": len(kept), "trained_vocab": len(ckpt["kept_ids"]), **ckpt["progress"],
                            "params": sum(p.numel() for p in head.parameters())}
     if diff_ckpt.exists():
         ckpt = torch.load(diff_ckpt)
