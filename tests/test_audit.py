@@ -31,6 +31,14 @@ def test_real_sampler_passes_at_the_default_sample_count(tiny):
     assert result.exact_joint_p_value is not None and result.chi2_p_value is None  # the exact tests cover both
 
 
+def test_the_audit_passes_at_an_exact_precision():
+    """The default preset runs int8 on row-invariant kernels that take one sequence a pass; the audit's exact
+    distributions are computed that way too (a batched pass there raised "batch 1 only")."""
+    models = explorer.load_models("tiny", device="cpu", precision="int8")
+    result = audit.run_audit(models, PROMPT, **OPTIONS)
+    assert result.status == "PASS" and result.verdict.startswith("PASS"), result.verdict
+
+
 @pytest.mark.parametrize("bug", list(INJECT))
 def test_each_known_bug_fails_at_the_default_sample_count(tiny, monkeypatch, bug):
     INJECT[bug](monkeypatch)

@@ -61,10 +61,12 @@ def exact_distributions(models: Models, prompt: str, cfg) -> Exact:
     ids, _ = encode_prompt(models.tokenizer, prompt, models.preset.chat)
 
     def target_rows(seqs: list[list[int]]) -> np.ndarray:
-        with torch.inference_mode():
-            logits = models.target(input_ids=torch.tensor(seqs, device=models.device)).logits[:, -1]
+        rows = []
+        with torch.inference_mode():  # one sequence a pass, the decoders' batch (an exact precision takes no other)
+            for seq in seqs:
+                rows.append(models.target(input_ids=torch.tensor([seq], device=models.device)).logits[0, -1])
         return np.stack([reference_warp(row, cfg.temperature, cfg.top_k, cfg.top_p)
-                         for row in logits.double().cpu().numpy()])
+                         for row in torch.stack(rows).double().cpu().numpy()])
 
     p1 = target_rows([ids])[0]
     q1, q1_raw = np.zeros_like(p1), np.zeros_like(p1)
