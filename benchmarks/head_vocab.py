@@ -4,7 +4,7 @@
 
 Each HEAD_FOLDER is an exported head (``python -m explorer.train smollm2 export --keep-vocab K``: the K most
 frequent of the tokens it trained with). A drafting step ends in the head's LM head over its kept tokens (16,384
-rows of 576 in the shipped head: most of the step), so fewer rows make each step cheaper while the tokens it can no
+rows of 576 as the head was trained: most of the step), so fewer rows make each step cheaper while the tokens it can no
 longer propose cost acceptance. One torch thread; the preset loaded once in float32 and one copy per head converted
 to the default precision as ``load_models`` converts it (the target row-invariant, the head on the same kernels).
 Held-out chat prompts; per prompt every head in turn (interleaved), greedy autoregressive then greedy speculative.

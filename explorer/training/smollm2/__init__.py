@@ -4,7 +4,7 @@
     python -m explorer.train smollm2 draft     [--budget-min 60] [--layers 4] [--keep-vocab 8192]
     python -m explorer.train smollm2 eagle     [--budget-min 60] [--keep-vocab 16384] [--depths 3]
     python -m explorer.train smollm2 diffusion [--budget-min 60] [--lora-rank 16]
-    python -m explorer.train smollm2 export    # writes assets/models/smollm2-135m/{draft,eagle,diffusion}
+    python -m explorer.train smollm2 export    [--keep-vocab 2048]  # writes assets/models/smollm2-135m/...
 
 Every stage checkpoints into ``--work-dir`` (default ``~/.cache/decoding-explorer/smollm2``) and
 resumes from there; ``export`` writes the shipped artefacts. Nothing is downloaded.
