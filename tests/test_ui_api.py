@@ -257,7 +257,7 @@ def test_the_drafter_gamma_and_diffusion_controls_follow_the_preset():
     start = lane_settings.preset_settings("smollm2-135m")
     smollm2 = explorer.models.PRESETS["smollm2-135m"]
     assert (start.drafter, start.gamma, start.tokens_per_step, start.blocks, start.threshold) == (
-        "assistant", 3, 1, 8, smollm2.diffusion_threshold)
+        "assistant", smollm2.gamma, 1, 8, smollm2.diffusion_threshold)
     info, drafter, gamma, per_step, blocks, threshold = lane_settings.describe_preset("random-tiny", progress=None)
     preset = explorer.load_models("random-tiny", device="cpu").preset
     assert "random-tiny" in info and "assistant" in drafter["choices"] and drafter["value"] == preset.drafter
