@@ -28,17 +28,28 @@ def mini():
     return explorer.load_models("random-tiny", device="cpu")
 
 
-def test_training_forward_matches_the_drafting_loop(mini):
+def true_features(target, ids, head):
+    """The features the head reads at every position: the final hidden state, after the fused layers' outputs
+    (EAGLE-3) for a fused head; hidden_states[l + 1] is layer l's output."""
+    out = target.model(input_ids=ids, output_hidden_states=True)
+    return torch.cat([*(out.hidden_states[i + 1] for i in head.fuse_layers), out.last_hidden_state], -1)
+
+
+FUSED = [(), (0,)]  # a plain head and one that mixes decoder layer 0's output into its first step (EAGLE-3)
+
+
+@pytest.mark.parametrize("fuse", FUSED)
+def test_training_forward_matches_the_drafting_loop(mini, fuse):
     """Depth d of ``forward_depths`` at position i is what the drafter computes at its d-th step of a
     chain begun at i - d (true features before, its own predictions after)."""
-    head = build_random_eagle(mini.target, seed=7, noise=0.2)
+    head = build_random_eagle(mini.target, seed=7, noise=0.2, fuse_layers=fuse)
     ids = torch.randint(3, 200, (1, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        feats = mini.target.model(input_ids=ids).last_hidden_state  # (1, 24, H)
+        feats = true_features(mini.target, ids, head)  # (1, 24, feature_size)
         next_ids, feats = ids[:, 1:], feats[:, :-1]
         outs = head.forward_depths(next_ids, feats, 3)
         for start in (0, 4, 11, 19):
-            predicted, cache = head.step(next_ids[:, :start + 1], feats[:, :start + 1], 0, None)
+            predicted, cache = head.step(next_ids[:, :start + 1], head.fused(feats[:, :start + 1]), 0, None)
             predicted = predicted[:, -1:]
             torch.testing.assert_close(predicted[0, 0], outs[0][0, start], atol=2e-4, rtol=1e-3)
             for d in (1, 2):
@@ -51,12 +62,15 @@ def test_training_forward_matches_the_drafting_loop(mini):
 def test_greedy_speculative_with_the_head_equals_autoregressive(mini, gamma):
     prompt = "def fibonacci(n):"
     ar = explorer.decode("autoregressive", mini, prompt, max_new_tokens=40)
-    spec = explorer.decode("speculative", mini, prompt, max_new_tokens=40, drafter="assistant", gamma=gamma)
-    assert spec.token_ids == ar.token_ids
-    assert spec.stats["proposed"] > 0
-    adaptive = explorer.decode("speculative", mini, prompt, max_new_tokens=40, drafter="assistant", gamma=gamma,
-                               adaptive_gamma=True)
-    assert adaptive.token_ids == ar.token_ids
+    fused = Models(mini.preset, mini.tokenizer, mini.target, None, None, mini.tokenizer, mini.device, mini.dtype,
+                   assistant=build_random_eagle(mini.target, seed=4, fuse_layers=(0,)))
+    for models in (mini, fused):
+        spec = explorer.decode("speculative", models, prompt, max_new_tokens=40, drafter="assistant", gamma=gamma)
+        assert spec.token_ids == ar.token_ids
+        assert spec.stats["proposed"] > 0
+        adaptive = explorer.decode("speculative", models, prompt, max_new_tokens=40, drafter="assistant",
+                                   gamma=gamma, adaptive_gamma=True)
+        assert adaptive.token_ids == ar.token_ids
 
 
 def test_the_drafter_keeps_only_verified_features(mini):
@@ -72,14 +86,15 @@ def test_the_drafter_keeps_only_verified_features(mini):
     assert "assistant" not in available_drafters(explorer.load_models("tiny", device="cpu"))
 
 
-def test_each_draft_is_the_heads_chain_from_the_last_verified_feature(mini):
+@pytest.mark.parametrize("fuse", FUSED)
+def test_each_draft_is_the_heads_chain_from_the_last_verified_feature(mini, fuse):
     """Replaying a greedy decode teacher-forced: every draft the drafter made (up to the first
     rejection) is the argmax of ``forward_depths`` at the chain begun two positions before the
     newest token, over the target's features of the final sequence. A drafter that kept a rejected
     draft's feature, or read one position off, drafts other tokens."""
     cfg = DecodeConfig(max_new_tokens=40, gamma=3, drafter="assistant")
     prompt = mini.tokenizer("for i in range(").input_ids
-    head = build_random_eagle(mini.target, seed=9, noise=0.5)  # noisy: the token and position matter
+    head = build_random_eagle(mini.target, seed=9, noise=0.5, fuse_layers=fuse)  # noisy: token and position matter
     models = Models(mini.preset, mini.tokenizer, mini.target, None, None, mini.tokenizer, mini.device, mini.dtype,
                     assistant=head)
     events = list(speculative.decode_speculative(models, prompt, cfg))
@@ -95,7 +110,7 @@ def test_each_draft_is_the_heads_chain_from_the_last_verified_feature(mini):
     assert sum(len(c) for _, c in chains) > 10
     ids = torch.tensor([tokens])
     with torch.no_grad():
-        feats = mini.target.model(input_ids=ids).last_hidden_state
+        feats = true_features(mini.target, ids, head)
         outs = head.forward_depths(ids[:, 1:], feats[:, :-1], cfg.gamma)
     for length, drafts in chains:
         for d, token in enumerate(drafts):
@@ -132,10 +147,11 @@ def test_a_proposal_is_the_training_forward_over_its_own_drafts(mini):
 VOCAB, KEPT, TEMPERATURE, SAMPLES = 8, [0, 2, 5, 7], 0.9, 2400
 
 
-@pytest.fixture(scope="module")
-def trimmed():
-    target = build_random_llama(VOCAB, 16, 1, seed=24, std=0.6).eval()
-    head = build_random_eagle(target, seed=22, noise=0.1, kept=torch.tensor(KEPT))
+@pytest.fixture(scope="module", params=FUSED, ids=["plain", "fused"])
+def trimmed(request):
+    fuse = request.param  # the fused head reads a lower layer too: its target has two
+    target = build_random_llama(VOCAB, 16, 1 + len(fuse), seed=24, std=0.6).eval()
+    head = build_random_eagle(target, seed=22, noise=0.1, kept=torch.tensor(KEPT), fuse_layers=fuse)
     tok = type("Tok", (), {"eos_token_id": None})()
     return Models(Preset("stat", "random", ""), tok, target, None, None, tok, torch.device("cpu"), torch.float32,
                   assistant=head)
@@ -265,3 +281,19 @@ def test_a_decode_beside_it_on_the_same_target_does_not_feed_the_head(mini):
     for _ in range(3):
         both = decode_side_by_side(mini, "def fibonacci(n):", "assistant")
         assert both["autoregressive"] == ar and both["speculative"] == ar
+
+
+@pytest.mark.parametrize("precision", ["bfloat16-weights", "int8"])
+def test_a_fused_head_keeps_greedy_speculative_exact_on_the_row_invariant_kernels(mini, precision):
+    """The exact precisions put the head's linears, its fusion included, on the kernels and capture the fused
+    layers' outputs from the converted target (its lean decoder layers)."""
+    from explorer.precision import converted_copy
+
+    fused = Models(mini.preset, mini.tokenizer, mini.target, None, None, mini.tokenizer, mini.device, mini.dtype,
+                   assistant=build_random_eagle(mini.target, seed=4, fuse_layers=(0,)))
+    models = converted_copy(fused, precision)
+    assert type(models.assistant.fuse).__name__ == "RowInvariantLinear"
+    for prompt in ("def fibonacci(n):", "x = [1, 2"):
+        ar = explorer.decode("autoregressive", models, prompt, max_new_tokens=32)
+        spec = explorer.decode("speculative", models, prompt, max_new_tokens=32, drafter="assistant", gamma=3)
+        assert spec.token_ids == ar.token_ids and spec.stats["proposed"] > 0

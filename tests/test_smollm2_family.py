@@ -416,3 +416,56 @@ def test_eagle_trains_on_answers_without_features_first_and_picks_up_new_shards(
     assert len(orders) > 1  # shuffled within each part, pass after pass
     (tmp_path / "data" / "shard_00008.npz").write_bytes(b"")  # the data stage adds a shard during the run
     assert 8 in {int(p.stem.split("_")[1]) for p in shard_plan(tmp_path, gen)[:5]}  # with the new answers
+
+
+def test_eagle_gains_fused_features_from_a_plain_head_and_resumes_fused(mini_work, tmp_path, monkeypatch):
+    """EAGLE-3's fusion as a stage: a plain head's checkpoint carries over into a fused head that starts as exactly
+    the plain one (its first held-out evaluation is the plain head's last), caches the fused layers' outputs beside
+    the final feature, stays fused when resumed without asking, exports, loads and decodes exactly."""
+    import shutil
+
+    from explorer.families.eagle import FeatureDrafter, build_eagle_head, load_eagle_head
+    from explorer.training.smollm2 import common, data, eagle, export
+    from explorer.training.smollm2.store import load_shard
+
+    monkeypatch.setattr(common, "HELDOUT_PROMPTS", 2)
+    monkeypatch.setattr(common, "HELDOUT_TOKENS", 6)
+    work = tmp_path / "work"
+    shutil.copytree(mini_work / "target", work / "target")
+    made = data.generate_data(work, budget_min=0.001, batch=2, max_new=6)["shards_total"]
+    kwargs = {"keep_vocab": 64, "depths": 2, "batch": 2, "min_rows": 2}
+    plain = eagle.train_eagle(work, budget_min=0.01, **kwargs)
+    fused = eagle.train_eagle(work, budget_min=0.01, fuse_layers=(0,), **kwargs)
+    assert fused["progress"]["runs"] == 2 and fused["progress"]["fused_from_step"] == plain["progress"]["steps"]
+    logged = [json.loads(line) for line in (work / "log.jsonl").read_text().splitlines()]
+    first = next(e for e in logged if e["stage"] == "eagle_eval" and e["runs"] == 2)
+    assert all(first[k] == v for k, v in plain["eval"].items())  # the fusion starts as the final feature alone
+    cached = sorted((work / "eagle" / "feats-fused-0").glob("shard_*.pt"))
+    assert len(cached) == made
+    width = 2 * mini_work_hidden(work)
+    assert all(f.shape[1] == width and f.dtype == torch.float16 for f in torch.load(cached[0]))
+    target, tok = common.load_target(work)
+    row = load_shard(work / "data" / f"{cached[0].stem}.npz")[0]
+    drafter = FeatureDrafter(target, build_eagle_head(target, torch.arange(64), (0,)), tok.eos_token_id)
+    drafter._arm()  # what the drafter captures from a verify pass is what training cached for the same tokens
+    with torch.no_grad():
+        target(input_ids=torch.tensor([eagle.sequence(row)]))
+    torch.testing.assert_close(drafter.captured[1], eagle.target_features(target, [eagle.sequence(row)],
+                                                                          fuse_layers=(0,))[0].float(),
+                               rtol=2e-3, atol=2e-3)  # cached in float16
+    again = eagle.train_eagle(work, budget_min=0.01, **kwargs)  # resumed: stays fused, optimizer state kept
+    assert again["progress"]["runs"] == 3 and again["progress"]["fuse_layers"] == [0]
+    assert again["progress"]["steps"] > fused["progress"]["steps"]
+    report = export.export(work, work / "out")
+    assert report["eagle"]["fuse_layers"] == [0]
+    head = load_eagle_head(work / "out" / "eagle", target, torch.float32)
+    assert head.fuse_layers == (0,) and head.fuse.weight.abs()[:, :width // 2].sum() > 0  # it learned to use layer 0
+    models = Models(Preset("mini", "random", "", chat=True), tok, target, None, None, tok, torch.device("cpu"),
+                    torch.float32, assistant=head)
+    ar = explorer.decode("autoregressive", models, "Tell me about tea.", max_new_tokens=8)
+    spec = explorer.decode("speculative", models, "Tell me about tea.", max_new_tokens=8, gamma=3, drafter="assistant")
+    assert spec.token_ids == ar.token_ids and spec.stats["proposed"] > 0
+
+
+def mini_work_hidden(work):
+    return json.loads((work / "target" / "config.json").read_text())["hidden_size"]

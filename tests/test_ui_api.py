@@ -12,7 +12,7 @@ import pytest
 from gradio_client import Client, handle_file
 
 import explorer
-from explorer.app import handlers, lane_settings, measure_tab, page, playback, ui
+from explorer.app import handlers, lane_settings, measure_tab, page, playback
 from explorer.decoding.api import make_config
 from explorer.measure.loadtest import start_app
 
@@ -241,11 +241,14 @@ def test_stop_and_errors_leave_every_lane_in_a_final_state(random_models, monkey
 _real_stream = explorer.stream
 
 
-def test_audit_tab_gives_the_same_report_as_the_api_and_cli(client, random_models):
+def test_audit_tab_gives_the_same_report_as_the_api_and_cli(client, random_models, monkeypatch):
+    from explorer.app import audit_tab
     from explorer.measure.audit import report_lines, run_audit
 
+    monkeypatch.setattr(audit_tab, "AUDIT_MAX_SAMPLES", 300)  # the same report at a sixth of the app's cap (time)
     text = client.predict("abc", "random-tiny", 1.0, 2, 3, api_name="/audit")
-    direct = run_audit(random_models, "abc", temperature=1.0, top_k=2, gamma=3, max_samples=ui.AUDIT_MAX_SAMPLES)
+    direct = run_audit(random_models, "abc", temperature=1.0, top_k=2, gamma=3, max_samples=300)
+    assert "capped at 300" in text
     assert text.startswith(f"### {direct.status}") and "\n".join(report_lines(direct)) in text
     with pytest.raises(Exception, match="the prompt is empty"):
         client.predict("   ", "random-tiny", 1.0, 2, 3, api_name="/audit")

@@ -177,6 +177,8 @@ def make_row_invariant(model: nn.Module, fmt: str, lean: bool = True) -> nn.Modu
 def use_kernels_in_eagle_head(head: nn.Module, fmt: str) -> nn.Module:
     """An EAGLE head (families/eagle/head.py) with its input projection, layer and kept LM-head rows on the kernels."""
     head.fc = RowInvariantLinear(head.fc.weight, fmt)
+    if getattr(head, "fuse_layers", ()):  # EAGLE-3's fused features
+        head.fuse = RowInvariantLinear(head.fuse.weight, fmt)
     for name in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
         setattr(head.layer, name, RowInvariantLinear(getattr(head.layer, name).weight, fmt))
     head.shared["head_linear"] = RowInvariantLinear(head.shared["head"], fmt)

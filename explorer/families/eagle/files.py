@@ -20,11 +20,22 @@ from explorer.errors import ExplorerError
 from explorer.families.eagle.head import EagleHead
 
 
-def build_eagle_head(target: nn.Module, kept_ids: torch.Tensor) -> EagleHead:
+def build_eagle_head(target: nn.Module, kept_ids: torch.Tensor, fuse_layers: tuple[int, ...] = ()) -> EagleHead:
     """A head initialised from the target's last layer (its additions to the residual damped); fc
-    starts as the identity on the feature half, so the first prediction is about "the same feature"."""
+    starts as the identity on the feature half, so the first prediction is about "the same feature".
+    ``fuse_layers`` (EAGLE-3) adds the mix of those layers' outputs with the final feature, starting as the final
+    feature alone, so a head trained without fusion loads into it unchanged and learns to use the rest."""
     config = copy.deepcopy(target.config)
+    if fuse_layers:
+        if not all(0 <= i < config.num_hidden_layers - 1 for i in fuse_layers):
+            raise ExplorerError(f"fused layers must be in 0 .. {config.num_hidden_layers - 2} (got {fuse_layers})")
+        config.fuse_layers = list(fuse_layers)
     head = EagleHead(config, kept_ids)
+    if fuse_layers:
+        with torch.no_grad():
+            h = config.hidden_size
+            head.fuse.weight.zero_()
+            head.fuse.weight[:, -h:] = torch.eye(h)
     last = target.model.layers[-1]
     with torch.no_grad():
         for name in ("q_proj", "k_proj", "v_proj", "o_proj"):

@@ -17,6 +17,11 @@ their target probability, so speculative sampling stays exact.
 predicts every position as the d-th drafting step would, attending to true inputs up to where its
 chain started and to the chain's own earlier (predicted) inputs after it.
 
+EAGLE-3's fused features (``fuse_layers`` in the config): the first drafting step reads, in place of f_i, a
+learned mix of f_i and the outputs of lower decoder layers at position i (each RMS-normed), captured from the
+same verify pass; later steps read the head's own predicted features as before. A fused head starts as the plain
+one (the mix begins as f_i alone: ``build_eagle_head``).
+
 Its files and its start from the target: ``files.py``.
 """
 
@@ -105,6 +110,12 @@ class EagleHead(nn.Module):
         self.config = config
         h = config.hidden_size
         self.fc = nn.Linear(2 * h, h, bias=False)
+        # EAGLE-3's fused features: the outputs of two lower decoder layers beside the final feature, each
+        # lower one normed, mixed into one H vector that the first drafting step reads in place of f_i
+        self.fuse_layers = tuple(getattr(config, "fuse_layers", None) or ())
+        if self.fuse_layers:
+            self.fuse_norms = nn.ModuleList(RMSNorm(h, config.rms_norm_eps) for _ in self.fuse_layers)
+            self.fuse = nn.Linear((len(self.fuse_layers) + 1) * h, h, bias=False)
         self.layer = HeadLayer(config)
         self.register_buffer("kept_ids", kept_ids.to(torch.long), persistent=True)  # (K,) target token ids
         self.shared: dict[str, torch.Tensor] = {}  # the target's embedding and kept LM-head rows (not stored)
@@ -129,6 +140,20 @@ class EagleHead(nn.Module):
     def head_bytes(self) -> int:
         """Memory the head adds beside the target: its weights and the kept LM-head rows it copies."""
         return sum(t.numel() * t.element_size() for t in [*self.state_dict().values(), self.shared["head"]])
+
+    @property
+    def feature_size(self) -> int:
+        """Width of the true features the head reads: H, or (fused layers + 1) * H with EAGLE-3's fusion."""
+        return (len(self.fuse_layers) + 1) * self.config.hidden_size
+
+    def fused(self, feats: torch.Tensor) -> torch.Tensor:
+        """True features (…, feature_size) -> (…, H): [lower layers' outputs ; f_i] mixed (identity without
+        fusion). Later drafting steps read the head's own predicted features (H) instead."""
+        if not self.fuse_layers:
+            return feats
+        h = self.config.hidden_size
+        parts = [norm(feats[..., j * h:(j + 1) * h]) for j, norm in enumerate(self.fuse_norms)]
+        return self.fuse(torch.cat([*parts, feats[..., -h:]], -1))
 
     def inputs(self, next_ids: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
         """[embedding(x_{i+1}) ; f_i] -> the layer's input. next_ids (B, T), feats (B, T, H)."""
@@ -167,10 +192,11 @@ class EagleHead(nn.Module):
     def forward_depths(self, next_ids: torch.Tensor, feats: torch.Tensor, depths: int) -> list[torch.Tensor]:
         """Predicted features of drafting steps 1 .. ``depths`` at every position, teacher-forced.
 
-        next_ids (B, T): x_{i+1}; feats (B, T, H): the target's f_i. Returns a list whose d-th entry
-        (B, T, H) at position i is the feature step d+1 of a chain begun at position i - d predicts for
-        position i + 1. Step d's query at i attends to true keys at positions <= i - d and to the
-        chain's own keys at i - d + 1 .. i (its inputs at depth 1 .. d along the diagonal).
+        next_ids (B, T): x_{i+1}; feats (B, T, feature_size): the target's f_i (after the fused layers' outputs,
+        if any). Returns a list whose d-th entry (B, T, H) at position i is the feature step d+1 of a chain
+        begun at position i - d predicts for position i + 1. Step d's query at i attends to true keys at
+        positions <= i - d and to the chain's own keys at i - d + 1 .. i (its inputs at depth 1 .. d along the
+        diagonal).
         Positions i < d are meaningless at depth d (no chain start): mask them out of the loss.
         """
         b, t, _ = feats.shape
@@ -179,10 +205,11 @@ class EagleHead(nn.Module):
         scale = 1.0 / math.sqrt(self.layer.head_dim)
         causal = torch.ones(t, t, dtype=torch.bool, device=feats.device).tril()
         keys, values, outs = [], [], []
-        x = self.inputs(next_ids, feats)
+        first = self.fused(feats)
+        x = self.inputs(next_ids, first)
         for d in range(depths):
             if d:  # depth d reads the previous depth's prediction for its own position
-                previous = torch.cat([feats[:, :1], outs[-1][:, :-1]], 1)
+                previous = torch.cat([first[:, :1], outs[-1][:, :-1]], 1)
                 x = self.inputs(next_ids, previous)
             q, k, v = self.layer.qkv(x, cos, sin)
             keys.append(k)
@@ -246,7 +273,8 @@ class FeatureDrafter:
         drafted, rows = [], []
         with torch.inference_mode():
             ids = torch.tensor([tokens[self.cached + 1:self.known + 1]], device=device)
-            out, cache = self.head.step(ids, self.feats[None, self.cached:self.known], self.cached, self.cache)
+            true = self.head.fused(self.feats[None, self.cached:self.known])
+            out, cache = self.head.step(ids, true, self.cached, self.cache)
             self.cache, self.cached = cache, self.known  # true positions only: kept
             predicted, position = out[:, -1:], self.known
             for i in range(gamma):
@@ -285,18 +313,28 @@ class FeatureDrafter:
         target (the app's lanes, decoded side by side) must not fill or disarm it."""
         self._disarm()
         body, owner = self.target.model, threading.get_ident()
+        lower: dict[int, torch.Tensor] = {}  # the fused layers' outputs of this pass (EAGLE-3)
 
         def pre(module, args, kwargs):
             if threading.get_ident() == owner:
                 cache = kwargs.get("past_key_values")
                 self.captured = (cache.get_seq_length() if cache is not None else 0, None)
 
+        def keep(index: int):
+            def hook(module, args, output):
+                if threading.get_ident() == owner:
+                    lower[index] = (output[0] if isinstance(output, tuple) else output)[0].detach()
+            return hook
+
         def post(module, args, kwargs, output):
             if threading.get_ident() == owner:
-                self.captured = (self.captured[0], output.last_hidden_state[0].detach())
+                last = output.last_hidden_state[0].detach()
+                parts = [lower[i].to(last.dtype) for i in self.head.fuse_layers]
+                self.captured = (self.captured[0], torch.cat([*parts, last], -1) if parts else last)
                 self._disarm()
 
         self.hooks = [body.register_forward_pre_hook(pre, with_kwargs=True),
+                      *(body.layers[i].register_forward_hook(keep(i)) for i in self.head.fuse_layers),
                       body.register_forward_hook(post, with_kwargs=True)]
 
     def _disarm(self) -> None:

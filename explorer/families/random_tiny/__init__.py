@@ -46,10 +46,11 @@ def load_random(preset: Preset, device: torch.device, dtype: torch.dtype) -> Mod
                                               "assistant": "random-tiny/eagle"})
 
 
-def build_random_eagle(target: nn.Module, seed: int, noise: float = 0.02, kept: torch.Tensor | None = None):
+def build_random_eagle(target: nn.Module, seed: int, noise: float = 0.02, kept: torch.Tensor | None = None,
+                       fuse_layers: tuple[int, ...] = ()):
     """An EAGLE head built from the target (its last layer) plus seeded noise: a miniature for tests."""
     vocab = target.config.vocab_size
-    head = build_eagle_head(target, torch.arange(vocab) if kept is None else kept)
+    head = build_eagle_head(target, torch.arange(vocab) if kept is None else kept, fuse_layers)
     with torch.no_grad():
         gen = torch.Generator().manual_seed(seed)
         for p in head.parameters():

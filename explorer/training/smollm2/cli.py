@@ -14,7 +14,7 @@ from explorer.training.smollm2.common import DEFAULT_WORK
 from explorer.training.smollm2.data import generate_data
 from explorer.training.smollm2.diffusion import train_diffusion
 from explorer.training.smollm2.draft import train_draft
-from explorer.training.smollm2.eagle import train_eagle
+from explorer.training.smollm2.eagle import FUSE_LAYERS, train_eagle
 from explorer.training.smollm2.export import export
 from explorer.training.smollm2.store import HISTORY_FOLDER, compact_folder, history_files, restore_from_history
 
@@ -47,6 +47,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "bfloat16; installs the engine venv on first use)")
     ap.add_argument("--cores", default=None,
                     help="data --engine vllm: the CPU cores vLLM binds, e.g. 1 or 0-1 (default: the first --threads)")
+    ap.add_argument("--fuse", action="store_true",
+                    help="eagle: EAGLE-3's fused features (decoder layers 2 and 14 beside the final feature); a head "
+                         "trained without them carries over")
     ap.add_argument("--bf16", action="store_true",
                     help="eagle, diffusion: bfloat16 autocast for forward and backward (a CPU with native bf16)")
     ap.add_argument("--certainty", type=float, default=0.0,
@@ -89,7 +92,7 @@ def main(argv=None) -> None:
         elif args.stage == "eagle":
             train_eagle(work, args.budget_min, keep_vocab=args.keep_vocab or 16384, depths=args.depths,
                         batch=args.batch or 8, lr=args.lr or 5e-4, seed=args.seed, init_from=args.init_from,
-                        bf16=args.bf16)
+                        bf16=args.bf16, fuse_layers=FUSE_LAYERS if args.fuse else ())
         elif args.stage == "diffusion":
             train_diffusion(work, args.budget_min, rank=args.lora_rank, batch=args.batch or 4,
                             lr=args.lr or 5e-4, seed=args.seed, init_from=args.init_from, bf16=args.bf16,

@@ -81,6 +81,43 @@ def log_event(work: Path, stage: str, **fields) -> None:
         f.write(json.dumps({"stage": stage, "time": time.time(), **fields}) + "\n")
 
 
+class RunClock:
+    """The bookkeeping every training stage shares: a held-out evaluation logged as ``{stage}_eval`` at the start,
+    every ``eval_every_s`` and at the end; a checkpoint every ``save_every_s`` and at the end; wall time counted
+    into ``progress["seconds"]`` (so it adds up across resumed runs)."""
+
+    def __init__(self, work: Path, stage: str, progress: dict, evaluate, save, eval_every_s: float,
+                 save_every_s: float = 300.0):
+        self.work, self.stage, self.progress = work, stage, progress
+        self.evaluate, self.save, self.eval_every_s, self.save_every_s = evaluate, save, eval_every_s, save_every_s
+        self.last_eval = self.last_save = time.time()
+
+    def begin(self, **extra) -> dict:
+        first = self.evaluate()
+        log_event(self.work, f"{self.stage}_eval", **self.progress, **first)
+        print(json.dumps({"start": first, **self.progress, **extra}))
+        return first
+
+    def tick(self) -> None:
+        """After a step: evaluate or checkpoint if one is due."""
+        now = time.time()
+        if now - self.last_eval > self.eval_every_s:
+            self.last_eval = now
+            log_event(self.work, f"{self.stage}_eval", **self.progress, **self.evaluate())
+        if now - self.last_save > self.save_every_s:
+            self.progress["seconds"] += now - self.last_save
+            self.last_save = now
+            self.save()
+
+    def finish(self) -> dict:
+        self.progress["seconds"] += time.time() - self.last_save
+        self.save()
+        final = self.evaluate()
+        log_event(self.work, f"{self.stage}_eval", **self.progress, **final)
+        print(json.dumps({"end": final, **self.progress}))
+        return {"progress": self.progress, "eval": final}
+
+
 def load_rows(work: Path, limit: int | None = None) -> list[dict]:
     rows = []
     for path in list(shard_paths(work / "data").values())[:limit]:
@@ -118,10 +155,11 @@ def heldout_answers(work: Path, model, tok) -> list[dict]:
 
 # --------------------------------------------------------------------------- one optimizer step
 def schedule_lr(opt, lr: float, step_in_run: int, frac: float) -> None:
-    """Linear warm-up over 20 steps, then cosine from ``lr`` to lr / 10 over the run's budget (frac 0 .. 1)."""
+    """Linear warm-up over 20 steps, then cosine from ``lr`` to lr / 10 over the run's budget (frac 0 .. 1); a
+    parameter group with an ``lr_scale`` runs at that multiple."""
     warm = min(1.0, (step_in_run + 1) / 20)
     for g in opt.param_groups:
-        g["lr"] = lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        g["lr"] = lr * g.get("lr_scale", 1.0) * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
 def optimizer_step(opt, params, loss) -> None:

@@ -17,11 +17,11 @@ from explorer.compact_weights import load_weights
 from explorer.errors import ExplorerError
 from explorer.models import make_bidirectional
 from explorer.training.smollm2.common import (
+    RunClock,
     budget_seconds,
     heldout_answers,
     load_rows,
     load_target,
-    log_event,
 )
 
 MASK_TOKEN = "<empty_output>"  # a special token that never occurs in chat answers: reused as [MASK]
@@ -223,16 +223,17 @@ def train_diffusion(work: Path, budget_min: float, rank: int = 16, batch: int = 
     heldout = heldout_answers(work, target, tok)
     gen = torch.Generator().manual_seed(seed + 7919 * progress["runs"])
     model.train()
-    start = last_save = last_eval = time.time()
-    first = evaluate_diffusion(model, heldout, mask_id, eos)
-    log_event(work, "diffusion_eval", **progress, **first)
-    print(json.dumps({"start": first, **progress}))
 
     def save():
         tmp = ckpt_path.with_suffix(".tmp")
         torch.save({"lora": get_peft_model_state_dict(model), "mask_vec": mask_vec.detach().clone(),
                     "mask_id": mask_id, "opt": opt.state_dict(), "progress": dict(progress)}, tmp)
         tmp.rename(ckpt_path)
+
+    clock = RunClock(work, "diffusion", progress, lambda: evaluate_diffusion(model, heldout, mask_id, eos), save,
+                     eval_every_s)
+    clock.begin()
+    start = time.time()
 
     bar = tqdm(desc="diffusion", total=int(budget), unit="s")
     step_in_run, done = 0, False
@@ -267,17 +268,5 @@ def train_diffusion(work: Path, budget_min: float, rank: int = 16, batch: int = 
             progress["sequences"] += batch
             bar.update(int(time.time() - start) - bar.n)
             bar.set_postfix(loss=f"{total:.3f}", tokens=progress["answer_tokens_seen"])
-            now = time.time()
-            if now - last_eval > eval_every_s:
-                last_eval = now
-                log_event(work, "diffusion_eval", **progress, **evaluate_diffusion(model, heldout, mask_id, eos))
-            if now - last_save > 300:
-                progress["seconds"] += now - last_save
-                last_save = now
-                save()
-    progress["seconds"] += time.time() - last_save
-    save()
-    final = evaluate_diffusion(model, heldout, mask_id, eos)
-    log_event(work, "diffusion_eval", **progress, **final)
-    print(json.dumps({"end": final, **progress}))
-    return {"progress": progress, "eval": final}
+            clock.tick()
+    return clock.finish()

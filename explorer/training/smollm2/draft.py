@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import json
 import sysconfig
 import time
 from pathlib import Path
@@ -14,11 +13,11 @@ from tqdm import tqdm
 from explorer.errors import ExplorerError
 from explorer.families.smollm2.trimmed_draft import TrimmedHeadDraft, load_trimmed_draft
 from explorer.training.smollm2.common import (
+    RunClock,
     budget_seconds,
     heldout_answers,
     load_rows,
     load_target,
-    log_event,
     optimizer_step,
     schedule_lr,
 )
@@ -184,10 +183,10 @@ def train_draft(work: Path, budget_min: float, layers: int = 4, keep_vocab: int 
     progress["runs"] += 1
     heldout = heldout_answers(work, target, tok)
     gen = torch.Generator().manual_seed(seed + progress["runs"])
-    start = last_save = last_eval = time.time()
-    first = evaluate_draft(draft, heldout)
-    log_event(work, "draft_eval", **progress, **first)
-    print(json.dumps({"start": first, **progress}))
+    clock = RunClock(work, "draft", progress, lambda: evaluate_draft(draft, heldout),
+                     lambda: save_draft_ckpt(ckpt_path, draft, opt, kept_ids, layers, progress), eval_every_s)
+    clock.begin()
+    start = time.time()
     bar = tqdm(desc="draft", total=int(budget), unit="s")
     done, step_in_run = False, 0
     while not done:
@@ -206,20 +205,8 @@ def train_draft(work: Path, budget_min: float, layers: int = 4, keep_vocab: int 
             progress["tokens_seen"] += int(mask.sum())
             bar.update(int(time.time() - start) - bar.n)
             bar.set_postfix(loss=f"{loss.item():.3f}", tokens=progress["tokens_seen"])
-            now = time.time()
-            if now - last_eval > eval_every_s:
-                last_eval = now
-                log_event(work, "draft_eval", **progress, **evaluate_draft(draft, heldout))
-            if now - last_save > 300:
-                progress["seconds"] += now - last_save
-                last_save = now
-                save_draft_ckpt(ckpt_path, draft, opt, kept_ids, layers, progress)
-    progress["seconds"] += time.time() - last_save
-    save_draft_ckpt(ckpt_path, draft, opt, kept_ids, layers, progress)
-    final = evaluate_draft(draft, heldout)
-    log_event(work, "draft_eval", **progress, **final)
-    print(json.dumps({"end": final, **progress}))
-    return {"progress": progress, "eval": final}
+            clock.tick()
+    return clock.finish()
 
 
 def save_draft_ckpt(path: Path, draft, opt, kept_ids, layers: int, progress: dict) -> None:

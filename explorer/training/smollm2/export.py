@@ -58,7 +58,7 @@ def export(work: Path, out: Path | None = None, eagle_vocab: int | None = None) 
             counts = token_counts(work, tok, target.config.vocab_size)
             counts[tok.eos_token_id] += 1e9  # the end of turn stays proposable
             kept = kept[counts[kept].topk(eagle_vocab).indices].sort().values
-        head = build_eagle_head(target, kept)
+        head = build_eagle_head(target, kept, tuple(ckpt.get("fuse_layers", ())))
         head.load_state_dict({**ckpt["model"], "kept_ids": kept})
         save_eagle_head(head, out / "eagle", target=target)
         report["eagle"] = {"kept_vocab": len(kept), "trained_vocab": len(ckpt["kept_ids"]), **ckpt["progress"],
