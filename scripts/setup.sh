@@ -16,3 +16,7 @@ fi
 # (about a minute the first time; then loaded in a second). Without a C++ compiler the default preset runs float32.
 .venv/bin/python -c "from explorer.precision import kernels; kernels.load()" \
   || echo "setup: the row-invariant kernel did not build; the default preset will run float32" >&2
+# The default preset's GGUF, dequantized once into transformers' format (~/.cache/decoding-explorer/converted): the
+# app's first start then reads it in seconds instead of parsing the GGUF (explorer/families/smollm2/load.py).
+.venv/bin/python -c "from explorer.families.smollm2.load import convert_default_gguf as c; print('setup:', c())" \
+  || echo "setup: the GGUF was not converted ahead; the app will read it at its first start" >&2

