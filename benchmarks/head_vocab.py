@@ -28,6 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import explorer  # noqa: E402
+from benchmarks.paired import ar_and_spec  # noqa: E402
 from explorer.families.eagle import load_eagle_head  # noqa: E402
 from explorer.measure.bench_cli import cpu_name  # noqa: E402
 from explorer.precision import FASTEST_EXACT, converted_copy  # noqa: E402
@@ -67,21 +68,7 @@ def main(argv: list[str] | None = None) -> None:
         head = load_eagle_head(folder, base.target, torch.float32)
         bundles[folder] = converted_copy(dataclasses.replace(base, assistant=head), args.precision)
     prompts = [row["prompt"] for row in chat_prompts("heldout")[:args.prompts]]
-    rows = {f: {"ar_s": 0.0, "ar_tokens": 0, "spec_s": 0.0, "spec_tokens": 0, "passes": 0, "equal": 0}
-            for f in args.heads}
-    for i, prompt in enumerate(prompts):
-        for folder, models in bundles.items():
-            ar = explorer.decode("autoregressive", models, prompt, max_new_tokens=args.tokens)
-            spec = explorer.decode("speculative", models, prompt, max_new_tokens=args.tokens, gamma=args.gamma)
-            r = rows[folder]
-            r["ar_s"] += ar.stats["wall_s"]
-            r["ar_tokens"] += ar.stats["new_tokens"]
-            r["spec_s"] += spec.stats["wall_s"]
-            r["spec_tokens"] += spec.stats["new_tokens"]
-            r["passes"] += spec.stats["target_forward_passes"]
-            r["equal"] += spec.token_ids == ar.token_ids
-            print(f"prompt {i + 1}/{len(prompts)} {folder}: AR {ar.stats['tokens_per_s']:.1f} tok/s, speculative "
-                  f"{spec.stats['tokens_per_s']:.1f} tok/s, equal {spec.token_ids == ar.token_ids}", flush=True)
+    rows = ar_and_spec(bundles, prompts, args.tokens, args.gamma)
     steps = {f: [] for f in args.heads}
     for _ in range(3):  # rounds, each head in turn
         for folder, models in bundles.items():

@@ -26,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import explorer  # noqa: E402
+from benchmarks.paired import ar_and_spec  # noqa: E402
 from explorer.measure.bench_cli import cpu_name  # noqa: E402
 from explorer.precision import EXACT, PRECISIONS, converted_copy  # noqa: E402
 from explorer.training.prompts import chat_prompts  # noqa: E402
@@ -67,20 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     load_start = os.getloadavg()
     models = bundles(names)
     prompts = [row["prompt"] for row in chat_prompts("heldout")[:args.prompts]]
-    rows = {n: {"ar_tokens": 0, "ar_s": 0.0, "spec_tokens": 0, "spec_s": 0.0, "equal": 0, "passes": 0} for n in names}
-    for i, prompt in enumerate(prompts):
-        for name in names:
-            ar = explorer.decode("autoregressive", models[name], prompt, max_new_tokens=args.tokens)
-            spec = explorer.decode("speculative", models[name], prompt, max_new_tokens=args.tokens, gamma=args.gamma)
-            r = rows[name]
-            r["ar_tokens"] += ar.stats["new_tokens"]
-            r["ar_s"] += ar.stats["wall_s"]
-            r["spec_tokens"] += spec.stats["new_tokens"]
-            r["spec_s"] += spec.stats["wall_s"]
-            r["passes"] += spec.stats["target_forward_passes"]
-            r["equal"] += spec.token_ids == ar.token_ids
-            print(f"prompt {i + 1}/{len(prompts)} {name}: AR {ar.stats['tokens_per_s']:.1f} tok/s, speculative "
-                  f"{spec.stats['tokens_per_s']:.1f} tok/s, equal {spec.token_ids == ar.token_ids}", flush=True)
+    rows = ar_and_spec({n: models[n] for n in names}, prompts, args.tokens, args.gamma)
     verify = {n: ([], []) for n in names}
     for _ in range(3):  # rounds, each precision in turn
         for name in names:
