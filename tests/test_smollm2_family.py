@@ -458,6 +458,11 @@ def test_eagle_gains_fused_features_from_a_plain_head_and_resumes_fused(mini_wor
     assert again["progress"]["steps"] > fused["progress"]["steps"]
     report = export.export(work, work / "out")
     assert report["eagle"]["fuse_layers"] == [0]
+    saved = json.loads((work / "out" / "train_report.json").read_text())  # an earlier session's curve point
+    saved["log"].insert(0, {"stage": "eagle_eval", "time": 1.0, "agreement": 0.25})
+    (work / "out" / "train_report.json").write_text(json.dumps(saved))
+    again_log = export.export(work, work / "out")["log"]  # exported again: the old point kept, nothing doubled
+    assert again_log[0]["time"] == 1.0 and len(again_log) == len(report["log"]) + 1
     head = load_eagle_head(work / "out" / "eagle", target, torch.float32)
     assert head.fuse_layers == (0,) and head.fuse.weight.abs()[:, :width // 2].sum() > 0  # it learned to use layer 0
     models = Models(Preset("mini", "random", "", chat=True), tok, target, None, None, tok, torch.device("cpu"),

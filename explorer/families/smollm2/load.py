@@ -128,4 +128,11 @@ def load_smollm2(preset: Preset, device: torch.device, dtype: torch.dtype) -> Mo
                   diffusion_shift=diffusion is not None, assistant=assistant,
                   names={"target": name, "draft": "smollm2-135m/draft (4 layers, trimmed head; distilled here)",
                          "diffusion": "smollm2-135m/diffusion (the target + LoRA, bidirectional; adapted here)",
-                         "assistant": "smollm2-135m/eagle (EAGLE head on the target's features; trained here)"})
+                         "assistant": eagle_name(assistant)})
+
+
+def eagle_name(head) -> str:
+    if head is not None and head.fuse_layers:
+        layers = ", ".join(str(i) for i in head.fuse_layers)
+        return f"smollm2-135m/eagle (EAGLE-3 head on the target's layers {layers} and final features; trained here)"
+    return "smollm2-135m/eagle (EAGLE head on the target's features; trained here)"

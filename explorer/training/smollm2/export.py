@@ -81,8 +81,9 @@ def export(work: Path, out: Path | None = None, eagle_vocab: int | None = None) 
                                **ckpt["progress"]}
     logged = [e for e in map(json.loads, (work / "log.jsonl").read_text().splitlines())
               if e["stage"].endswith("_eval")]
-    stages = {e["stage"] for e in logged}
-    report["log"] = [e for e in old.get("log", []) if e["stage"] not in stages] + logged
+    # the curves of every session: earlier runs' entries stay (their machines are gone), this work dir's are added once
+    seen = {(e["stage"], e.get("time")) for e in old.get("log", [])}
+    report["log"] = old.get("log", []) + [e for e in logged if (e["stage"], e.get("time")) not in seen]
     (out / "train_report.json").write_text(json.dumps(report, indent=2))
     sizes = {str(p.relative_to(out)): round(p.stat().st_size / 2**20, 2) for p in sorted(out.rglob("*")) if p.is_file()}
     print(json.dumps(sizes, indent=2))
