@@ -42,7 +42,7 @@ def converted_dir(path: Path) -> Path:
     """Where the GGUF, dequantized, is kept in transformers' own format: one folder per GGUF file (its name, size
     and modification time) and transformers version, under ``EXPLORER_CONVERTED_CACHE`` or
     ``~/.cache/decoding-explorer/converted``."""
-    import transformers
+    import transformers  # deferred: transformers (~2 s to import; only its version is read here)
 
     root = Path(os.environ.get("EXPLORER_CONVERTED_CACHE",
                                Path.home() / ".cache" / "decoding-explorer" / "converted"))
@@ -70,8 +70,8 @@ def load_gguf_target(path: Path, dtype: torch.dtype):
     every tensor: most of the app's start. So the first load also writes the result, float32 weights (the
     dequantized values exactly) and the tokenizer, to ``converted_dir``; later loads read that (a few seconds).
     A cache that cannot be written is skipped silently: the GGUF still loads."""
-    from safetensors.torch import save_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # deferred (~0.4 s to import)
+    from safetensors.torch import save_model  # deferred: only a first load writes the copy
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # deferred: transformers auto classes (~0.4 s)
 
     cache = converted_dir(path)
     if (cache / "model.safetensors").is_file():
