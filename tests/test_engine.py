@@ -129,15 +129,16 @@ def test_acceptance_from_metrics_agrees_with_the_stream(which, tiny, request):
 def test_workload_at_concurrency_1_and_4(vllm_ngram, vllm_draft, tmp_path):
     targets = resolve_targets([("ngram", vllm_ngram), ("draft", vllm_draft)])
     seen = []
-    # 64 tokens a request: with drafts accepted in bursts a 24-token stream was a few chunks long, and on an idle
-    # machine four of them could finish without overlapping (a clean-clone run saw max_streaming 1 at concurrency 4)
-    bench = run_bench(targets, PROMPTS, [1, 4], repeats=2, max_tokens=64, on_record=seen.append, ignore_eos=True)
+    # 128 tokens a request: with drafts accepted in bursts a short stream is a few chunks long, and on an idle
+    # machine four of them could finish without overlapping (clean-clone runs saw max_streaming 1 at concurrency 4
+    # with 24 tokens, and once again with 64, the engine's gauge reading 0 between its polls)
+    bench = run_bench(targets, PROMPTS, [1, 4], repeats=2, max_tokens=128, on_record=seen.append, ignore_eos=True)
     assert bench.error is None and len(bench.records) == len(seen) == 2 * 2 * 3 * 2
     order = [(c.concurrency, c.label) for c in bench.configs]
     assert order == [(1, "ngram"), (1, "draft"), (4, "ngram"), (4, "draft")]  # interleaved
     rows = summary_rows(bench, baseline="ngram")
     for row in rows:
-        assert row["errors"] == 0 and row["tokens"] == 6 * 64
+        assert row["errors"] == 0 and row["tokens"] == 6 * 128
         assert row["e2e_p50_ms"] <= row["e2e_p99_ms"] and row["ttft_p99_ms"] <= row["e2e_p99_ms"]
         assert 0 < row["acceptance"] <= 1 and row["tokens_per_step"] >= 1
         assert row["throughput_tok_s"] > 0
