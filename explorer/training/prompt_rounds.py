@@ -118,3 +118,123 @@ PYTHON_TEMPLATES_10 = [
     "Write a Python script that {t} and logs each step, plus a function that {u}.",
     "Refactor this idea into clean Python: a function that {t} and a function that {u}, with type hints.",
 ]
+
+# Rounds 11-14 (tenth session): the last 1.9M answer tokens toward the 8M asked. Kinds the earlier rounds lack:
+# a question asked back, rewrites for an audience, worked examples, email and notes, error explanations, code
+# translated between languages, small command-line tools.
+GENERAL_TEMPLATES_11 = [
+    "I am confused about {t}. Ask me one question to find out what I know, then explain it, and mention {u}.",
+    "Rewrite an explanation of {t} for a ten-year-old, and one of {u} for a university student.",
+    "Give a worked example that involves {t}, then one that involves {u}.",
+    "Write meeting notes from a club discussion about {t} and {u}.",
+    "What is the history of {t} in five sentences? Add two sentences about {u}.",
+    "Write a short poem about {t}, then explain in prose how it relates to {u}.",
+    "Give me a fun fact, a hard fact and an open question about {t}; one fun fact about {u}.",
+    "Explain the most common mistake beginners make with {t} and with {u}.",
+    "Write a short persuasive paragraph: why {t} matters more than people think, and why {u} does too.",
+    "Describe a day in the life of someone whose job involves {t} and {u}.",
+    "Résume {t} en trois points, puis {u} en trois points.",
+    "Beschreibe {t} in einem Absatz und {u} in einer Liste.",
+    "Write a riddle whose answer is {t}, then explain {u} plainly.",
+    "Write an FAQ with three questions about {t} and two about {u}.",
+    "What would you tell a friend who says {t} is boring? And {u}?",
+    "Explain how {t} works, then how {u} works, in plain words and without jargon.",
+]
+
+PYTHON_TEMPLATES_11 = [
+    "Write a JavaScript function that {t}, then translate it to Python; add a Python function that {u}.",
+    "Write a Python command-line tool with argparse: one subcommand {t}, another {u}.",
+    "Write a Python function that {t}; explain which error a beginner would hit writing it, then one that {u}.",
+    "Write a Go function that {t} and a Python function that {u}, each with a short comment.",
+    "Write a Python function that {t} and a pytest test for it; then a function that {u} with a docstring.",
+    "Show a slow and a fast Python version of a function that {t}, then a function that {u}.",
+    "Write a Python module with two functions: one {t}, one {u}; end with an if __name__ == '__main__' demo.",
+    "Write a Python function that {t} using only the standard library, and a Ruby function that {u}.",
+]
+
+GENERAL_TEMPLATES_12 = [
+    "Write a short dialogue between a teacher and a student about {t}, in which the student brings up {u}.",
+    "Give five tips for remembering facts about {t}, then two for {u}.",
+    "Explain {t} as a recipe with ingredients and steps, then {u} as a map with landmarks.",
+    "Write a postcard from a trip where you learned about {t} and {u}.",
+    "Rank three reasons to study {t}, then name one reason to study {u}.",
+    "Write a short opinion column about {t}, ending with a remark about {u}.",
+    "Tell me what {t} and {u} have in common, and one way they differ.",
+    "Write a short scene for a play in which two friends argue about {t} and agree about {u}.",
+    "Explain {t} in exactly five sentences, then {u} in exactly three.",
+    "Spiega {t} a un bambino e {u} a un adulto.",
+    "Explique {t} para um amigo e depois fale de {u}.",
+    "Write a museum label for an exhibit about {t}, and one for {u}.",
+    "Give a beginner's glossary of four terms about {t} and two about {u}.",
+    "Write a brief lecture outline with headings on {t}, then a closing section on {u}.",
+    "What would change in everyday life without {t}? Without {u}?",
+]
+
+PYTHON_TEMPLATES_12 = [
+    "Write a Python function that {t} and explain its edge cases; then write one that {u}.",
+    "Write a C++ function that {t} and a Python function that {u}.",
+    "Write a Python function that {t} with a while loop, and a function that {u} with sorted() or min().",
+    "Write a Python function that {t}, then rewrite it as a one-liner; then a function that {u}.",
+    "Write a Python function that {t} and print three example calls; then a function that {u}.",
+    "Write an Elixir function that {t} and a Python function that {u}.",
+    "Write a Python function that {t}, with a docstring in Google style, and one that {u}.",
+    "Write a Python function that {t}, and explain how to debug it if it fails; then one that {u}.",
+]
+
+GENERAL_TEMPLATES_13 = [
+    "Make a mind map in text form for {t}, with one branch for {u}.",
+    "Write a short letter from the future describing how {t} and {u} changed.",
+    "Explain {t} by answering who, what, when, where and why; then answer what and why for {u}.",
+    "Write a morning radio segment about {t} and {u}.",
+    "Give me three discussion questions about {t} and one about {u}, each with a sample answer.",
+    "Explain a simple experiment or activity about {t}, then one about {u}.",
+    "Write a biography-style paragraph as if {t} were a person, and one for {u}.",
+    "Write a tweet-length summary of {t}, then a paragraph about {u}.",
+    "Explique {t} con un ejemplo de la vida diaria, y luego {u}.",
+    "Erkläre die Geschichte von {t} und die Bedeutung von {u}.",
+    "Compare learning about {t} from a book and from a video, and say where {u} fits.",
+    "Write a short adventure story in which the hero must understand {t} to find {u}.",
+    "List the pros and cons of {t}, then of {u}, as two short lists.",
+    "Explain {t} and {u} to a classmate who missed the lesson.",
+    "Write five true-or-false statements about {t} and {u}, with the answers explained.",
+]
+
+PYTHON_TEMPLATES_13 = [
+    "Write a Python function that {t} and a C# method that {u}.",
+    "Write a Python function that {t} using the itertools module where it helps, and one that {u}.",
+    "Write a Python function that {t}; list three test inputs and the expected outputs; then one that {u}.",
+    "Write a Zig function that {t} and a Python function that {u}.",
+    "Write a Python function that {t} and explain it to a beginner line by line; then one that {u}.",
+    "Write a small Python class that stores data and has a method that {t} and a method that {u}.",
+    "Write a Python function that {t} with early returns, and one that {u} with a dictionary.",
+    "Write a Perl function that {t} and a Python function that {u}.",
+]
+
+GENERAL_TEMPLATES_14 = [
+    "Give a five-minute talk outline on {t}, and a one-minute closing on {u}.",
+    "Describe {t} to an alien who has never visited Earth, then {u}.",
+    "Write a short fable about {t} with a moral that involves {u}.",
+    "Explain why {t} is important for young people, and how {u} connects to it.",
+    "Write a step-by-step guide for a school project on {t}, with a side note on {u}.",
+    "Answer in two parts: (1) what is {t}? (2) how does {u} relate to it?",
+    "Write a short interview question list for an expert on {t}, and one for an expert on {u}.",
+    "Explain {t} using numbers or examples, then {u} the same way.",
+    "Écris une courte histoire sur {t} et {u}.",
+    "Escribe una lista de consejos sobre {t} y sobre {u}.",
+    "Write a review of an imaginary documentary about {t} that also covers {u}.",
+    "Explain the difference between a myth and a fact about {t}, with an example about {u}.",
+    "Write a short motivational message for someone studying {t} and {u}.",
+    "What are the big open questions about {t}? Name one about {u}.",
+    "Write a two-paragraph summary: {t} first, then {u}.",
+]
+
+PYTHON_TEMPLATES_14 = [
+    "Write a Python function that {t} and a Rust function that {u}, with a comment on their differences.",
+    "Write a Python function that {t}, raising ValueError on bad input, and one that {u} returning None instead.",
+    "Write a Python function that {t} with collections.Counter or defaultdict where useful; then one that {u}.",
+    "Write a Python function that {t} and a MATLAB function that {u}.",
+    "Write a Python function that {t}, then write the same in pseudocode; then a function that {u}.",
+    "Write a Python function that {t} and a Bash one-liner that {u} where possible.",
+    "Write a Python function that {t}; then a wrapper function that {u} and calls it.",
+    "Write a Python function that {t} and show its output on two examples; then a function that {u}.",
+]
