@@ -23,7 +23,7 @@ from explorer.families.eagle import build_eagle_head  # noqa: F401
 from explorer.families.random_tiny import build_random_eagle, build_random_llama  # noqa: F401
 from explorer.families.smollm2 import SMOLLM2_DIR, SMOLLM2_HUB_ID, smollm2_gguf_path  # noqa: F401
 from explorer.families.tiny import TINY_DIR  # noqa: F401
-from explorer.precision import apply_precision, parse_preset, resolve_precision
+from explorer.precision import EXACT, apply_precision, is_kernel_diffusion_candidate, parse_preset, resolve_precision
 from explorer.runtime import (  # noqa: F401
     ASSETS,
     LOADERS,
@@ -173,7 +173,8 @@ def _load_uncached(name: str, device: torch.device, dtype: torch.dtype, hub_ids:
         if m is not None:
             m.eval().requires_grad_(False)
     check_same_vocabulary(models.target, models.draft)
-    if auto_dtype and models.diffusion is not None and bf16_diffusion(preset, device, dtype):
+    kernel_diffusion = precision in EXACT and is_kernel_diffusion_candidate(models.diffusion)
+    if auto_dtype and models.diffusion is not None and not kernel_diffusion and bf16_diffusion(preset, device, dtype):
         models.diffusion.to(torch.bfloat16)  # the diffusion model is the preset's own copy, never the target
         models.names["diffusion"] = f"{models.names.get('diffusion', 'diffusion')} in bfloat16 (native on this CPU)"
     if precision is not None:  # after the loaders: the diffusion adapter copied the float32 target first

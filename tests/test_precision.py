@@ -230,5 +230,36 @@ def test_the_trace_and_the_name_say_which_precision_ran():
     models = explorer.load_models("tiny@int8", device="cpu")
     trace = explorer.decode("speculative", models, "def f(x):", max_new_tokens=4, gamma=2)
     assert models.precision == "int8" and trace.stats["precision"] == "int8"
-    assert explorer.decode("diffusion", models, "def f(x):", max_new_tokens=4).stats["precision"] == "float32"
+    assert explorer.decode("diffusion", models, "def f(x):", max_new_tokens=4).stats["precision"] == "int8"
+    assert "int8 weights on the target's kernels" in models.names["diffusion"]
     assert explorer.load_models("tiny", device="cpu").precision is None  # other presets: torch's float32
+
+
+def test_the_diffusion_model_runs_in_the_targets_format_and_keeps_its_predictions():
+    """At an exact precision the diffusion model's linear layers (LM head included) go on the target's kernels in
+    its format, so the page times both paradigms at one precision; int8 must keep the float32 model's predictions
+    where it is sure (teacher-forced: the target's answer, half masked) and its loss within a few percent."""
+    import copy
+
+    import torch.nn.functional as F
+    from torch import nn
+
+    from explorer.precision.exact import RowInvariantLinear, use_kernels_in_diffusion
+
+    fp = explorer.load_models("smollm2-135m", device="cpu", dtype="float32")
+    q8 = use_kernels_in_diffusion(copy.deepcopy(fp.diffusion), "int8")
+    assert not any(isinstance(m, nn.Linear) for m in q8.modules()) and isinstance(q8.lm_head, RowInvariantLinear)
+    prompt = "Explain what a compiler does."
+    ids, _ = explorer.decoding.api.encode_prompt(fp.tokenizer, prompt, True)
+    answer = explorer.decode("autoregressive", fp, prompt, max_new_tokens=48).token_ids
+    x0, p = torch.tensor(ids + answer), len(ids)
+    masked = torch.rand(len(answer), generator=torch.Generator().manual_seed(0)) < 0.5
+    xt = x0.clone()
+    xt[p:][masked] = fp.mask_token_id
+    where = p + masked.nonzero()[:, 0]
+    with torch.inference_mode():
+        a, b = (m(xt[None]).logits[0, where - 1].float() for m in (fp.diffusion, q8))
+    sure = a.softmax(-1).amax(-1) > 0.5
+    assert sure.sum() >= 5 and bool((a.argmax(-1) == b.argmax(-1))[sure].all())
+    ce_a, ce_b = float(F.cross_entropy(a, x0[where])), float(F.cross_entropy(b, x0[where]))
+    assert abs(ce_b - ce_a) < 0.05 * ce_a, (ce_a, ce_b)

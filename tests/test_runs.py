@@ -72,7 +72,7 @@ def speculative_and_ar(random_models, dtype=None):
     ar = explorer.decode("autoregressive", random_models, "def f(x):", max_new_tokens=8)
     spec = explorer.decode("speculative", random_models, "def f(x):", max_new_tokens=8)
     if dtype:
-        spec = dataclasses.replace(spec, stats={**spec.stats, "dtype": dtype})
+        spec = dataclasses.replace(spec, stats={**spec.stats, "dtype": dtype, "precision": dtype})
     return {"autoregressive": ar, "speculative": spec}
 
 
@@ -88,6 +88,10 @@ def test_a_speedup_says_its_playback_and_precision_and_spreads_over_runs(random_
     bf16 = runs.make_run(4, "p", "random-tiny", {"traces": speculative_and_ar(random_models, "bfloat16")}, "live")
     assert runs.speedup_cell(bf16, [bf16]) == "not comparable (bfloat16 vs float32)"
     assert runs.history_table([first])["γ"].tolist() == ["4"]
+    # a lane on int8 kernels keeps float32 tensors: the run table reads its precision, not its dtype
+    int8 = {m: dataclasses.replace(t, stats={**t.stats, "precision": "int8"})
+            for m, t in speculative_and_ar(random_models).items()}
+    assert runs.precision(int8) == "int8"
 
 
 def test_running_acceptance_labels_name_the_prompt_and_temperature(random_models):

@@ -338,7 +338,7 @@ def test_on_a_cpu_with_native_bf16_only_the_diffusion_model_is_bf16(monkeypatch)
     monkeypatch.setattr(m, "cpu_has_native_bf16", lambda: True)
     m._CACHE.clear()  # this test's loads must not be served to (or from) other tests
     try:
-        models = explorer.load_models("smollm2-135m", device="cpu")
+        models = explorer.load_models("smollm2-135m", device="cpu", precision="float32")  # torch's path
         assert models.diffusion.dtype == torch.bfloat16 and models.target.dtype == torch.float32
         assert next(models.draft.parameters()).dtype == torch.float32 and "bfloat16" in models.names["diffusion"]
         prompt = "Write a Python function that reverses a string."
@@ -349,6 +349,8 @@ def test_on_a_cpu_with_native_bf16_only_the_diffusion_model_is_bf16(monkeypatch)
         spec = explorer.decode("speculative", models, prompt, max_new_tokens=16, gamma=3, drafter="diffusion")
         assert spec.token_ids == ar.token_ids  # a bf16 drafter changes acceptance, never the output
         assert explorer.load_models("smollm2-135m", device="cpu", dtype="float32").diffusion.dtype == torch.float32
+        exact = explorer.load_models("smollm2-135m", device="cpu")  # int8: the diffusion model on its kernels
+        assert exact.diffusion.kernel_format == "int8" and exact.diffusion.dtype == torch.float32
         preset, cpu = m.PRESETS["smollm2-135m"], torch.device("cpu")
         assert m.bf16_diffusion(preset, cpu, torch.float32)
         assert not m.bf16_diffusion(m.PRESETS["tiny"], cpu, torch.float32)

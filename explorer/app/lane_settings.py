@@ -142,12 +142,14 @@ def describe_models(models: Models) -> str:
     names = "; ".join(f"{role}: `{name}`" for role, name in models.names.items())
     dtypes = str(models.dtype).replace("torch.", "")
     diffusion_dtype = model_dtype(models.diffusion, models.dtype)  # the target's dtype when there is none
-    if diffusion_dtype != models.dtype:
+    if getattr(models.diffusion, "kernel_format", None) is None and diffusion_dtype != models.dtype:
         dtypes += f" (diffusion model {str(diffusion_dtype).replace('torch.', '')})"
     precision = ""
     if models.precision is not None:
         exact = "exact: each verify row bit-identical to a one-token pass" if models.precision in EXACT else "torch's"
         precision = f", target precision **{models.precision}** ({exact})"
+        if getattr(models.diffusion, "kernel_format", None) is not None:
+            precision += f", diffusion model **{models.precision}** on the same kernels"
     return (f"**Preset `{models.preset.name}`** — {models.preset.description}  \n"
             f"Device **{models.device}**, dtype **{dtypes}**{precision}, batch size 1. "
             f"Models: {names}.  \nWeights: {mem}{share}.")

@@ -49,8 +49,9 @@ def make_run(number_: int, prompt: str, preset: str, current: dict[str, Any], pl
 
 
 def precision(traces: Mapping[str, Trace]) -> str:
-    """The dtypes the lanes decoded in ("float32", or "float32 · diffusion bfloat16")."""
-    dtypes = {m: str(t.stats.get("dtype")) for m, t in traces.items()}
+    """The precision the lanes decoded in ("int8", or "float32 · diffusion bfloat16"): a trace's precision, or
+    its dtype where an older trace has none."""
+    dtypes = {m: str(t.stats.get("precision") or t.stats.get("dtype")) for m, t in traces.items()}
     main = next((d for m, d in dtypes.items() if m != "diffusion"), dtypes.get("diffusion", "?"))
     other = dtypes.get("diffusion")
     return main if other in (None, main) else f"{main} · diffusion {other}"

@@ -97,8 +97,10 @@ def model_dtype(model: Any, default: torch.dtype) -> torch.dtype:
 
 
 def precision_of(method: str, models: Models) -> str:
-    """The precision a lane ran in: the target's (explorer/precision) or, on the dtype path, its model's dtype."""
-    if method != "diffusion" and models.precision is not None:
+    """The precision a lane ran in: the target's (explorer/precision; the diffusion model's too where it runs on
+    the same kernels) or, on the dtype path, its model's dtype."""
+    on_kernels = method != "diffusion" or getattr(models.diffusion, "kernel_format", None) is not None
+    if on_kernels and models.precision is not None:
         return models.precision
     return str(model_dtype(models.diffusion if method == "diffusion" else models.target, models.dtype)).replace(
         "torch.", "")

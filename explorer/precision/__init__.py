@@ -7,8 +7,10 @@
 | ``bfloat16-weights`` | bfloat16 | row-invariant | always |
 | ``int8`` | int8, one scale per output channel | row-invariant | always |
 
-Activations and sums are float32 in every one. An exact precision converts the target only (the drafters
-keep their own precision: exactness needs the verifier consistent with itself, not with the drafter).
+Activations and sums are float32 in every one. An exact precision converts the target row-invariant and
+puts the EAGLE head and the diffusion model on the same kernels in the same weight format (for speed, and so
+the page times the two paradigms at one precision); the other drafters keep their own precision: exactness
+needs the verifier consistent with itself, not with the drafter.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 
 from explorer.errors import ExplorerError
 from explorer.precision import kernels
-from explorer.precision.exact import make_row_invariant, use_kernels_in_eagle_head
+from explorer.precision.exact import make_row_invariant, use_kernels_in_diffusion, use_kernels_in_eagle_head
 
 PRECISIONS = {"float32": None, "float32-exact": "float32", "bfloat16-weights": "bfloat16", "int8": "int8"}
 EXACT = tuple(p for p, fmt in PRECISIONS.items() if fmt is not None)
@@ -65,10 +67,11 @@ def resolve_precision(precision: str | None, device: torch.device, dtype: str | 
     return precision
 
 
-def apply_precision(models, precision: str | None):
-    """Convert a bundle in place for an exact precision: the target (row-invariant) and an EAGLE head (the same
-    kernels, for speed: a drafter need not be row-invariant, its q is whatever it drew from). Nothing for float32
-    or the dtype path. Returns the bundle with ``precision`` set."""
+def apply_precision(models, precision: str | None, diffusion: bool = True):
+    """Convert a bundle in place for an exact precision: the target (row-invariant), an EAGLE head (the same
+    kernels, for speed: a drafter need not be row-invariant, its q is whatever it drew from) and a transformers
+    diffusion model (the same kernels and format: ``use_kernels_in_diffusion``; not with ``diffusion=False``).
+    Nothing for float32 or the dtype path. Returns the bundle with ``precision`` set."""
     fmt = PRECISIONS.get(precision) if precision else None
     if fmt is None:
         return models
@@ -78,17 +81,28 @@ def apply_precision(models, precision: str | None):
         raise ExplorerError(f"precision {precision!r}: {exc}") from None
     if models.assistant is not None and hasattr(models.assistant, "layer"):
         use_kernels_in_eagle_head(models.assistant, fmt)
+    if diffusion and is_kernel_diffusion_candidate(models.diffusion):
+        use_kernels_in_diffusion(models.diffusion, fmt)
+        name = models.names.get("diffusion", "diffusion")
+        models.names["diffusion"] = f"{name}, {precision} weights on the target's kernels"
     models.precision = precision
     return models
 
 
+def is_kernel_diffusion_candidate(model) -> bool:
+    """A diffusion model the kernels can take: transformers' own Llama-family code (not remote code), bias-free."""
+    return (model is not None and type(model).__module__.startswith("transformers.models.llama")
+            and hasattr(model, "model") and hasattr(model.model, "layers"))
+
+
 def converted_copy(models, precision: str):
     """A float32 bundle at another precision without loading it again: the target and EAGLE head copied and
-    converted as ``load_models`` converts them, the other drafters shared (tests, benchmarks)."""
+    converted as ``load_models`` converts them, the other drafters and the diffusion model shared, unconverted
+    (tests, benchmarks of the target)."""
     if PRECISIONS[precision] is None:
         return models
     bundle = dataclasses.replace(models, target=copy.deepcopy(models.target),
                                  assistant=copy.deepcopy(models.assistant))
     if bundle.assistant is not None and hasattr(bundle.assistant, "attach"):
         bundle.assistant.attach(bundle.target)  # share the copy's embedding, as loading does
-    return apply_precision(bundle, precision)
+    return apply_precision(bundle, precision, diffusion=False)

@@ -185,5 +185,25 @@ def use_kernels_in_eagle_head(head: nn.Module, fmt: str) -> nn.Module:
     return head
 
 
+def use_kernels_in_diffusion(model: nn.Module, fmt: str) -> nn.Module:
+    """A transformers diffusion model (the bidirectional copy of the target that a diffusion adapter makes) with
+    every linear layer, its LM head included, on the kernels in ``fmt``: the target's weight format, so the page
+    times both paradigms at one precision. Its attention stays torch's (bidirectional), in float32; nothing here
+    needs row invariance, only the speed of the format. The input embedding stays float32."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown weight format {fmt!r}")
+    linears = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+               if isinstance(child, nn.Linear)]
+    if not linears or any(child.bias is not None for _, _, child in linears):
+        raise ValueError("the diffusion model's linear layers must be bias-free (Llama family)")
+    kernels.load()
+    model.float()
+    for parent, name, child in linears:
+        setattr(parent, name, RowInvariantLinear(child.weight, fmt))
+    model.config.tie_word_embeddings = False
+    model.kernel_format = fmt
+    return model
+
+
 def is_row_invariant(model: nn.Module) -> bool:
     return isinstance(getattr(model, "lm_head", None), RowInvariantLinear)
