@@ -1,7 +1,7 @@
 """Does the diffusion partner commit several tokens per pass, and at what quality? Two adapters side by side.
 
     python benchmarks/diffusion_parallel.py [--new DIR] [--old assets/models/smollm2-135m/diffusion] [--limit 12]
-        [--tokens 64] [--block 8] [--thresholds 0.9,0.7] [--threads 1] [--samples]
+        [--tokens 64] [--block 8] [--thresholds 0.9,0.7] [--threads 1] [--samples] [--kernels int8|none]
 
 On held-out chat prompts (topics no training prompt mentions), each adapter decodes at N = ``--tokens`` with
 blocks of ``--block``: at K = N (one position a pass) and with Fast-dLLM threshold decoding at each threshold
@@ -27,12 +27,17 @@ import explorer  # noqa: E402
 from benchmarks.smollm2_card import distinct_ngram_ratio, heldout  # noqa: E402  (the same held-out prompts)
 from explorer.families.smollm2.diffusion_adapter import load_diffusion_adapter  # noqa: E402
 from explorer.measure.workload import score_quality  # noqa: E402
+from explorer.precision.exact import use_kernels_in_diffusion  # noqa: E402
 
 
-def adapter(models, folder: Path):
+def adapter(models, folder: Path, kernels: str | None = None):
+    """The adapter merged into the float32 target; on the kernels in ``kernels`` (int8, as the default precision
+    runs it) or, without, as torch's float32 path runs it (bf16 on a CPU with native bf16)."""
     model = load_diffusion_adapter(folder, models.target, torch.float32)
-    if next(models.diffusion.parameters()).dtype == torch.bfloat16:
-        model.to(torch.bfloat16)  # the preset's rule on this CPU: the diffusion model in bf16
+    if kernels:
+        use_kernels_in_diffusion(model, kernels)
+    elif next(models.diffusion.parameters()).dtype == torch.bfloat16:
+        model.to(torch.bfloat16)  # the preset's rule on this CPU at precision float32: the diffusion model in bf16
     return dataclasses.replace(models, diffusion=model.eval().requires_grad_(False))
 
 
@@ -46,12 +51,15 @@ def main() -> None:
     ap.add_argument("--thresholds", default="0.9,0.7")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--samples", action="store_true", help="print each adapter's T = 1 outputs")
+    ap.add_argument("--kernels", default="int8", help="the weight format on the target's kernels (int8: the default "
+                    "precision's; 'none': torch's float32 path, bf16 on a CPU with native bf16)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     base = explorer.load_models("smollm2-135m@float32")  # the adapters need the float32 target to merge into
-    bundles = {"old": adapter(base, args.old)}
+    kernels = None if args.kernels == "none" else args.kernels
+    bundles = {"old": adapter(base, args.old, kernels)}
     if args.new is not None:
-        bundles["new"] = adapter(base, args.new)
+        bundles["new"] = adapter(base, args.new, kernels)
     prompts = heldout(args.limit)
     n, b = args.tokens, args.block
     configs = [("K = N", {"steps": n})] + [(f"threshold {t}", {"steps": n, "threshold": float(t)})

@@ -120,17 +120,29 @@ def cache_table(models, prompts, lengths, block):
                   f"{statistics.mean(r['ent']):.2f} |")
 
 
+def diffusion_in(name: str):
+    """The preset's diffusion model as float32 loads it, then in ``name``: a torch dtype (float32, bfloat16) or an
+    exact precision's weight format on the target's kernels (int8, bfloat16-weights)."""
+    from explorer.precision import PRECISIONS  # deferred: only the --diffusion-dtypes rows need it
+    from explorer.precision.exact import use_kernels_in_diffusion  # deferred: as above
+
+    model = copy.deepcopy(explorer.load_models("smollm2-135m", device="cpu", dtype="float32").diffusion)
+    if name in ("float32", "bfloat16"):
+        return model.to(getattr(torch, name))
+    return use_kernels_in_diffusion(model, PRECISIONS[name])
+
+
 def diffusion_table(models, prompts, n, block, show_samples, cache=None, dtypes=("default",), ks=None, seeds=1):
-    """Rows timed interleaved (prompt outer, rows inner). ``dtypes``: the diffusion model's dtype per set of rows
-    ("default": as loaded, bfloat16 on a CPU with native bf16; "float32" / "bfloat16": a copy in that dtype); ``ks``:
+    """Rows timed interleaved (prompt outer, rows inner). ``dtypes``: the diffusion model's precision per set of
+    rows ("default": as loaded, on the int8 kernels at the default precision; otherwise ``diffusion_in``); ``ks``:
     the diffusion steps (default N and N/2); ``seeds``: samples per prompt (seeds i, i + 1000, ...)."""
     fixed = ignoring_eos(models)
     c = {"cache": cache} if cache else {}
     rows = [("autoregressive, temperature 1", "autoregressive", dict(temperature=1.0), fixed)]
     for name in dtypes:
-        side = fixed if name == "default" else dataclasses.replace(
-            fixed, diffusion=copy.deepcopy(fixed.diffusion).to(getattr(torch, name)))
-        dt = str(next(side.diffusion.parameters()).dtype).replace("torch.", "")
+        side = fixed if name == "default" else dataclasses.replace(fixed, diffusion=diffusion_in(name))
+        dt = getattr(side.diffusion, "kernel_format", None)
+        dt = f"{dt} weights on the kernels" if dt else str(next(side.diffusion.parameters()).dtype)[6:]
         rows += [(f"diffusion K={k}, blocks of {block}, temperature 1, cache {cache or 'default'}, {dt}", "diffusion",
                   dict(steps=k, block_length=block, temperature=1.0, **c), side) for k in (ks or (n, n // 2))]
     print(f"\n## Quality next to speed (N = {n} new tokens, EOS ignored, {len(prompts)} held-out prompts x {seeds} "
@@ -174,7 +186,8 @@ def main() -> None:
     ap.add_argument("--cache", default=None, help="diffusion KV cache for the diffusion rows (none|prefix|dual)")
     ap.add_argument("--drafters", default="assistant,model", help="drafters of the gamma table")
     ap.add_argument("--diffusion-dtypes", default="default",
-                    help="comma list for the diffusion rows: default (as loaded), float32, bfloat16")
+                    help="comma list for the diffusion rows: default (as loaded), float32, bfloat16, int8, "
+                    "bfloat16-weights")
     ap.add_argument("--diffusion-ks", default="", help="comma list of diffusion steps K (default N and N/2)")
     ap.add_argument("--seeds", type=int, default=1, help="diffusion table: samples per prompt")
     ap.add_argument("--cache-lengths", default="64,128", help="N of the cache table")
