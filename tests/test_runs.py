@@ -92,6 +92,11 @@ def test_a_speedup_says_its_playback_and_precision_and_spreads_over_runs(random_
     int8 = {m: dataclasses.replace(t, stats={**t.stats, "precision": "int8"})
             for m, t in speculative_and_ar(random_models).items()}
     assert runs.precision(int8) == "int8"
+    int8_run = runs.make_run(5, "p", "random-tiny", {"traces": int8}, "live")
+    assert runs.speedup_cell(int8_run, [int8_run]).endswith("× (1 run, live, int8)")
+    mixed = runs.make_run(6, "p", "random-tiny", {"traces": {**int8, "speculative": first["current"]["traces"][
+        "speculative"]}}, "live")
+    assert runs.speedup_cell(mixed, [mixed]) == "not comparable (float32 vs int8)"
 
 
 def test_running_acceptance_labels_name_the_prompt_and_temperature(random_models):

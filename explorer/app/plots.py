@@ -241,7 +241,8 @@ def _latency_samples(trace: Trace) -> dict[str, list[float]]:
 def setup_of(trace: Trace) -> str:
     """A lane's setup in words: what must match for two traces' latencies to be pooled."""
     cfg = trace.config
-    bits = [f"T={cfg.get('temperature'):g}", f"N={cfg.get('max_new_tokens')}", str(trace.stats.get("dtype"))]
+    precision = trace.stats.get("precision") or trace.stats.get("dtype")  # int8 on the kernels: float32 tensors
+    bits = [f"T={cfg.get('temperature'):g}", f"N={cfg.get('max_new_tokens')}", str(precision)]
     if trace.method == "speculative":
         bits[:0] = [str(cfg.get("drafter")), f"γ={cfg.get('gamma')}"]
     if trace.method == "diffusion":

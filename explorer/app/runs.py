@@ -51,10 +51,15 @@ def make_run(number_: int, prompt: str, preset: str, current: dict[str, Any], pl
 def precision(traces: Mapping[str, Trace]) -> str:
     """The precision the lanes decoded in ("int8", or "float32 · diffusion bfloat16"): a trace's precision, or
     its dtype where an older trace has none."""
-    dtypes = {m: str(t.stats.get("precision") or t.stats.get("dtype")) for m, t in traces.items()}
+    dtypes = {m: lane_precision(t) for m, t in traces.items()}
     main = next((d for m, d in dtypes.items() if m != "diffusion"), dtypes.get("diffusion", "?"))
     other = dtypes.get("diffusion")
     return main if other in (None, main) else f"{main} · diffusion {other}"
+
+
+def lane_precision(trace: Trace) -> str:
+    """What a lane decoded in: its precision (int8 on the kernels keeps float32 tensors), or an older trace's dtype."""
+    return str(trace.stats.get("precision") or trace.stats.get("dtype"))
 
 
 def add_run(runs: list[dict] | None, run: dict) -> list[dict]:
@@ -84,13 +89,13 @@ def speedup_cell(run: dict, runs: Sequence[dict], method: str = "speculative") -
     if "autoregressive" not in traces:
         return "no AR lane"
     lane, reference = traces[method], traces["autoregressive"]
-    if lane.stats.get("dtype") != reference.stats.get("dtype"):
-        return f"not comparable ({lane.stats.get('dtype')} vs {reference.stats.get('dtype')})"
+    if lane_precision(lane) != lane_precision(reference):
+        return f"not comparable ({lane_precision(lane)} vs {lane_precision(reference)})"
     same = [r for r in runs if setup_key(r) == setup_key(run) and r["number"] <= run["number"]
             and {method, "autoregressive"} <= set(r["current"]["traces"])]
     values = [plots.measured_speedup(r["current"]["traces"][method], r["current"]["traces"]["autoregressive"])
               for r in same] or [plots.measured_speedup(lane, reference)]
-    where = f"{run['playback']}, {lane.stats.get('dtype')}"
+    where = f"{run['playback']}, {lane_precision(lane)}"
     if len(values) == 1:
         return f"{values[0]:.2f}× (1 run, {where})"
     return (f"{float(np.median(values)):.2f}× (median of {len(values)} runs, {where}: "
