@@ -14,7 +14,6 @@ greedy), timed interleaved: the latency ratios on this CPU.
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import statistics
 import sys
@@ -27,14 +26,12 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from smollm2_card import heldout  # noqa: E402
+from smollm2_card import diffusion_in, heldout  # noqa: E402
 
 import explorer  # noqa: E402
 from explorer.decoding.api import encode_prompt  # noqa: E402
 from explorer.measure.bench_cli import cpu_name  # noqa: E402
 from explorer.models import cpu_has_native_bf16  # noqa: E402
-from explorer.precision import PRECISIONS  # noqa: E402
-from explorer.precision.exact import use_kernels_in_diffusion  # noqa: E402
 
 RATES = (0.25, 0.5, 0.75)
 
@@ -42,11 +39,7 @@ RATES = (0.25, 0.5, 0.75)
 def side(models, name: str):
     """The float32 diffusion model, or a copy in bfloat16 (torch) or on the target's kernels in int8 /
     bfloat16-weights (``use_kernels_in_diffusion``: what an exact precision runs)."""
-    if name == "float32":
-        return models.diffusion
-    if name == "bfloat16":
-        return copy.deepcopy(models.diffusion).to(torch.bfloat16)
-    return use_kernels_in_diffusion(copy.deepcopy(models.diffusion), PRECISIONS[name])
+    return models.diffusion if name == "float32" else diffusion_in(name, models.diffusion)
 
 
 def main() -> None:

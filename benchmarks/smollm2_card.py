@@ -120,13 +120,13 @@ def cache_table(models, prompts, lengths, block):
                   f"{statistics.mean(r['ent']):.2f} |")
 
 
-def diffusion_in(name: str):
-    """The preset's diffusion model as float32 loads it, then in ``name``: a torch dtype (float32, bfloat16) or an
-    exact precision's weight format on the target's kernels (int8, bfloat16-weights)."""
+def diffusion_in(name: str, model=None):
+    """A copy of ``model`` (default: the preset's diffusion model as float32 loads it) in ``name``: a torch dtype
+    (float32, bfloat16) or an exact precision's weight format on the target's kernels (int8, bfloat16-weights)."""
     from explorer.precision import PRECISIONS  # deferred: only the --diffusion-dtypes rows need it
     from explorer.precision.exact import use_kernels_in_diffusion  # deferred: as above
 
-    model = copy.deepcopy(explorer.load_models("smollm2-135m", device="cpu", dtype="float32").diffusion)
+    model = copy.deepcopy(model or explorer.load_models("smollm2-135m", device="cpu", dtype="float32").diffusion)
     if name in ("float32", "bfloat16"):
         return model.to(getattr(torch, name))
     return use_kernels_in_diffusion(model, PRECISIONS[name])
