@@ -1,5 +1,6 @@
 """Turn a Llama-family target into a row-invariant one: every linear layer and the attention run the
-kernels of ``rowinv.cpp``, whose reduction order does not depend on how many rows a pass has.
+kernels of ``rowinv.cpp``, whose reduction order does not depend on how many rows a pass has (nor, for a token
+tree's verify pass, on which other nodes share it: a node attends to its own keys in cache order).
 
 Why: speculative verification runs the target over gamma + 1 rows at once, autoregressive decoding one
 row at a time. Greedy speculative decoding equals greedy autoregressive decoding only if row i of a k-row
@@ -33,8 +34,21 @@ class RowInvariantLinear(nn.Module):
             w = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
         elif fmt == "bfloat16":
             w = w.to(torch.bfloat16)
-        self.register_buffer("weight", w.contiguous(), persistent=False)  # (N, K)
+        if fmt == "int8" and kernels.use_amx():  # AMX tiles' layout: the same integer sums, faster for k rows
+            w = kernels.load().pack_amx(w)
+        # what the kernels read: (N, K), or AMX-packed (N/16, K/64, 16, 64); ``weight`` gives it back as (N, K)
+        self.register_buffer("kernel_weight", w.contiguous(), persistent=False)
         self.register_buffer("scale", scale, persistent=False)  # (N,) or None
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The stored weight as (N, K) in its storage dtype (int8 unpacked from the AMX layout)."""
+        w = self.kernel_weight
+        if w.dim() == 4:  # packed[b][c][r][4n + i] = W[16b + n][64c + 4r + i]
+            nb, kc = w.shape[:2]
+            w = w.view(nb, kc, 16, 16, 4).permute(0, 3, 1, 2, 4).reshape(nb * 16, kc * 64)
+            w = w[:self.out_features, :self.in_features]
+        return w
 
     def dequantized(self) -> torch.Tensor:
         w = self.weight.float()
@@ -42,25 +56,39 @@ class RowInvariantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., K) -> (..., N)
         if self.fmt == "int8":  # integer sums: each activation row rounded to 16-bit integers with its own scale
-            return kernels.load().linear_a16(x.float(), self.weight, self.scale)
-        return kernels.load().linear(x.float(), self.weight, self.scale)
+            return kernels.load().linear_a16(x.float(), self.kernel_weight, self.scale)
+        return kernels.load().linear(x.float(), self.kernel_weight, self.scale)
 
     def extra_repr(self) -> str:
         return f"{self.in_features} -> {self.out_features}, weights {self.fmt}, row-invariant"
 
 
+def visible_keys(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """A token tree's 4-D mask (1, 1, M, L), additive (0 = seen) or bool, -> bool (M, L); None stays None (causal:
+    transformers passes no mask to this attention for a plain causal pass)."""
+    if attention_mask is None:
+        return None
+    if attention_mask.ndim != 4 or attention_mask.shape[:2] != (1, 1):
+        raise ValueError("row-invariant attention takes a causal pass or one token tree's (1, 1, M, L) mask")
+    mask = attention_mask[0, 0]
+    return mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+
+
 def row_invariant_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                             attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0,
                             **kwargs) -> tuple[torch.Tensor, None]:
-    """Causal attention, each query row over exactly its own keys (the transformers attention signature).
+    """Attention with each query row over exactly its own keys (the transformers attention signature): causal,
+    or a token tree's mask (each node over the prefix, its ancestors and itself, in cache order).
 
     query (1, H, M, D); key, value (1, Hkv, L, D) with the M new positions last. Returns (1, M, H, D).
-    Only the plain causal case the decoders use: batch 1, no padding.
+    Batch 1, no padding.
     """
     if query.shape[0] != 1 or (attention_mask is not None and attention_mask.dtype == torch.bool
                                and attention_mask.ndim == 2 and not bool(attention_mask.all())):
         raise ValueError("row-invariant attention supports batch 1 without padding only")
-    out = kernels.load().attend(query[0].float(), key[0].float(), value[0].float(), float(scaling))  # (M, H, D)
+    visible = visible_keys(attention_mask) if attention_mask is not None and attention_mask.ndim == 4 else None
+    out = kernels.load().attend(query[0].float(), key[0].float(), value[0].float(), float(scaling),
+                                visible)  # (M, H, D)
     return out[None], None
 
 
@@ -94,7 +122,7 @@ class FusedAttention(nn.Module):
         q, k = apply_rotary_pos_emb(q, k, *position_embeddings)
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx)
-        out, _ = row_invariant_attention(self, q, k, v, None, self.scaling)  # (1, T, H, D)
+        out, _ = row_invariant_attention(self, q, k, v, kwargs.get("attention_mask"), self.scaling)  # (1, T, H, D)
         return self.o_proj(out.reshape(b, t, -1)), None
 
 
@@ -131,13 +159,14 @@ class LeanLayer(nn.Module):
             raise ValueError("row-invariant decoding supports batch 1 only")
         ext, a, m = kernels.load(), self.attention, self.mlp
         cos, sin = position_embeddings
-        q, k, v = ext.pre_attention(hidden_states, self.input_norm, self.eps, a.qkv.weight, a.qkv.scale, cos, sin,
-                                    a.heads, a.kv_heads)  # (1, H, M, D), (1, Hkv, M, D) x 2
+        q, k, v = ext.pre_attention(hidden_states, self.input_norm, self.eps, a.qkv.kernel_weight, a.qkv.scale,
+                                    cos, sin, a.heads, a.kv_heads)  # (1, H, M, D), (1, Hkv, M, D) x 2
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, a.layer_idx)
-        return ext.post_attention(hidden_states, q, k, v, float(a.scaling), a.o_proj.weight, a.o_proj.scale,
-                                  self.post_norm, self.eps, m.gate_up.weight, m.gate_up.scale, m.down_proj.weight,
-                                  m.down_proj.scale)
+        visible = visible_keys(kwargs.get("attention_mask"))  # None: causal; else a tree's (M, L) mask
+        return ext.post_attention(hidden_states, q, k, v, float(a.scaling), a.o_proj.kernel_weight, a.o_proj.scale,
+                                  self.post_norm, self.eps, m.gate_up.kernel_weight, m.gate_up.scale,
+                                  m.down_proj.kernel_weight, m.down_proj.scale, visible)
 
 
 def register_attention() -> None:

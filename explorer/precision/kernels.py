@@ -60,6 +60,12 @@ def load() -> ModuleType:
         raise KernelUnavailable(f"building the row-invariant kernel failed ({first})") from None
 
 
+def use_amx() -> bool:
+    """Whether int8 weights go to the AMX tiles (same integers as the AVX-512 path, faster for several rows):
+    compiled in, granted by the OS, and not turned off with EXPLORER_NO_AMX=1."""
+    return os.environ.get("EXPLORER_NO_AMX", "") in ("", "0") and bool(load().has_amx())
+
+
 def available() -> bool:
     try:
         load()

@@ -1,4 +1,4 @@
-// Row-invariant kernels for CPU decoding (explorer/precision): Y = X W^T and causal attention.
+// Row-invariant kernels for CPU decoding (explorer/precision): Y = X W^T and causal (or token-tree) attention.
 //
 // The rule every kernel here keeps: the arithmetic that produces one output element is one fixed sequence of
 // floating-point operations, whatever the number of rows M in the call. A 4-row verify pass therefore gives
@@ -18,6 +18,9 @@
 #include <ATen/Parallel.h>
 
 #include <vector>
+
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "rowinv_simd.h"
 
@@ -191,24 +194,140 @@ void linear_i8a16_impl(const float* x, int64_t M, int64_t K, const int8_t* w, in
   });
 }
 
+// ---- the same integer sums on AMX tiles (Intel Sapphire Rapids and later): a 16-bit activation x is split
+// exactly into a signed high byte and an unsigned low byte, x = 256 * hi + lo, so sum_k x w = 256 * sum hi w +
+// sum lo w, two int8 tile products (TDPBSSD, TDPBUSD) whose int32 sums are exact. The result is the integer the
+// AVX-512 path computes, bit for bit, whatever the number of rows: a verify pass of 17 rows reads each weight
+// tile once and costs little more than one row. Weights are packed once (``pack_amx``) into the tiles' layout:
+// (N/16, K/64, 16, 64) with packed[b][c][r][4n + i] = W[16b + n][64c + 4r + i], zero-padded.
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#define ROWINV_AMX 1
+struct TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+void linear_amx_impl(const float* x, int64_t M, int64_t K, const int8_t* packed, int64_t N, const float* ws,
+                     float* y) {
+  const int64_t KC = (K + 63) / 64, Kp = KC * 64, NBK = (N + 15) / 16;
+  // more than 16 rows: padded with zero rows to whole 16-row tiles, all handled in one sweep over the weights
+  const int64_t Mp = M <= 16 ? M : (M + 15) / 16 * 16, tr = std::min<int64_t>(16, Mp);
+  std::vector<int16_t> xq(M * Kp);
+  std::vector<float> xs(M);
+  quantize_rows(x, M, K, Kp, xq.data(), xs.data());
+  std::vector<int8_t> hi(Mp * Kp, 0);
+  std::vector<uint8_t> lo(Mp * Kp, 0);
+  for (int64_t t = 0; t < M * Kp; ++t) {
+    hi[t] = int8_t(xq[t] >> 8);  // arithmetic shift: floor(x / 256), in [-128, 127]
+    lo[t] = uint8_t(xq[t] & 0xFF);
+  }
+  const int64_t pairs = (NBK + 1) / 2;
+  at::parallel_for(0, pairs, 16, [&](int64_t p0, int64_t p1) {
+    alignas(64) int32_t c[4][16][16];
+    TileConfig cfg;
+    for (int t = 0; t < 6; ++t) { cfg.rows[t] = uint8_t(tr); cfg.colsb[t] = 64; }  // C hi/lo x 2, A hi, A lo
+    for (int t = 6; t < 8; ++t) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }           // B x 2
+    _tile_loadconfig(&cfg);
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t b0 = 2 * p;
+      const bool two = b0 + 1 < NBK;
+      for (int64_t m0 = 0; m0 < Mp; m0 += 16) {
+        const int64_t mr = std::min<int64_t>(16, M - m0);
+        const int8_t* ah = hi.data() + m0 * Kp;
+        const uint8_t* al = lo.data() + m0 * Kp;
+        _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+        for (int64_t kc = 0; kc < KC; ++kc) {
+          _tile_loadd(4, ah + kc * 64, Kp);
+          _tile_loadd(5, al + kc * 64, Kp);
+          _tile_loadd(6, packed + (b0 * KC + kc) * 1024, 64);
+          _tile_dpbssd(0, 4, 6);
+          _tile_dpbusd(1, 5, 6);
+          if (two) {
+            _tile_loadd(7, packed + ((b0 + 1) * KC + kc) * 1024, 64);
+            _tile_dpbssd(2, 4, 7);
+            _tile_dpbusd(3, 5, 7);
+          }
+        }
+        _tile_stored(0, c[0], 64); _tile_stored(1, c[1], 64);
+        if (two) { _tile_stored(2, c[2], 64); _tile_stored(3, c[3], 64); }
+        for (int half = 0; half < (two ? 2 : 1); ++half) {
+          const int64_t n0 = (b0 + half) * 16;
+          const __mmask16 cols = tail_mask(N - n0);
+          const __m512 wsv = _mm512_maskz_loadu_ps(cols, ws + n0);
+          for (int64_t i = 0; i < mr; ++i) {
+            // 256 * hi + lo in wrapping 32-bit arithmetic: the exact sum, which fits in an int32 (a16_level)
+            const __m512i h = _mm512_load_si512(c[2 * half][i]), l = _mm512_load_si512(c[2 * half + 1][i]);
+            const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(h, 8), l));
+            _mm512_mask_storeu_ps(y + (m0 + i) * N + n0, cols,
+                                  _mm512_mul_ps(_mm512_mul_ps(sum, _mm512_set1_ps(xs[m0 + i])), wsv));
+          }
+        }
+      }
+    }
+    _tile_release();
+  });
+}
+#endif
+
+bool amx_ready() {
+#ifdef ROWINV_AMX
+  static const bool ok = [] {  // Linux hands out the tile state only on request (ARCH_REQ_XCOMP_PERM, XTILEDATA)
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  }();
+  return ok;
+#else
+  return false;
+#endif
+}
+
 }  // namespace
 
-// x (..., K) float32, w (N, K) int8, scale (N,): y = X W^T with each row of X rounded to 16-bit integers.
+// (N, K) int8 -> the AMX tiles' layout (N/16, K/64, 16, 64), zero-padded (see linear_amx_impl).
+torch::Tensor pack_amx(torch::Tensor w) {
+  TORCH_CHECK(w.scalar_type() == torch::kChar && w.dim() == 2, "rowinv.pack_amx: (N, K) int8");
+  w = w.contiguous();
+  const int64_t N = w.size(0), K = w.size(1), NBK = (N + 15) / 16, KC = (K + 63) / 64;
+  auto out = torch::zeros({NBK, KC, 16, 64}, w.options());
+  const int8_t* src = w.data_ptr<int8_t>();
+  int8_t* dst = out.data_ptr<int8_t>();
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k)
+      dst[(((n / 16) * KC + k / 64) * 16 + (k % 64) / 4) * 64 + 4 * (n % 16) + k % 4] = src[n * K + k];
+  return out;
+}
+
+// x (..., K) float32, w (N, K) int8 (or packed by pack_amx: (N/16, K/64, 16, 64)), scale (N,): y = X W^T with each
+// row of X rounded to 16-bit integers. Both layouts give the same integers, bit for bit.
 torch::Tensor linear_a16(torch::Tensor x, torch::Tensor w, torch::Tensor scale) {
-  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && w.scalar_type() == torch::kChar && w.dim() == 2 &&
-              w.is_contiguous(), "rowinv.linear_a16: float32 x and contiguous (N, K) int8 w");
-  const int64_t K = w.size(1), N = w.size(0);
-  TORCH_CHECK(x.size(-1) == K && scale.numel() == N && scale.scalar_type() == torch::kFloat32,
-              "rowinv.linear_a16: bad shapes");
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && w.scalar_type() == torch::kChar && w.is_contiguous() &&
+              (w.dim() == 2 || w.dim() == 4), "rowinv.linear_a16: float32 x and contiguous int8 w");
+  const int64_t K = x.size(-1), N = scale.numel();
+  TORCH_CHECK(scale.scalar_type() == torch::kFloat32, "rowinv.linear_a16: float32 scale");
+  TORCH_CHECK(w.dim() == 2 ? (w.size(0) == N && w.size(1) == K)
+                           : (w.size(0) == (N + 15) / 16 && w.size(1) == (K + 63) / 64 && w.size(2) == 16 &&
+                              w.size(3) == 64), "rowinv.linear_a16: bad shapes");
   auto x2 = x.reshape({-1, K}).contiguous();
   auto s = scale.contiguous();
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = N;
   auto y = torch::empty({x2.size(0), N}, x.options());
-  linear_i8a16_impl(x2.data_ptr<float>(), x2.size(0), K, w.data_ptr<int8_t>(), N, s.data_ptr<float>(),
+  if (w.dim() == 4) {
+#ifdef ROWINV_AMX
+    TORCH_CHECK(amx_ready(), "rowinv.linear_a16: AMX weights, but the OS gave no AMX tile state");
+    linear_amx_impl(x2.data_ptr<float>(), x2.size(0), K, w.data_ptr<int8_t>(), N, s.data_ptr<float>(),
                     y.data_ptr<float>());
+#else
+    TORCH_CHECK(false, "rowinv.linear_a16: AMX weights on a build without AMX");
+#endif
+  } else {
+    linear_i8a16_impl(x2.data_ptr<float>(), x2.size(0), K, w.data_ptr<int8_t>(), N, s.data_ptr<float>(),
+                      y.data_ptr<float>());
+  }
   return y.view(shape);
 }
+
+bool has_amx() { return amx_ready(); }
 
 // x (..., K) float32; w (N, K) float32 | bfloat16 | int8; scale (N,) float32 (int8 only). Returns (..., N) float32.
 torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> scale) {
@@ -242,9 +361,12 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tens
   return y.view(shape);
 }
 
-// q (H, M, D), k and v (Hkv, L, D), float32; query row i sits at position L - M + i and sees keys 0 .. L - M + i.
-// Query head h reads kv head h / (H / Hkv). Returns (M, H, D).
-torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scaling) {
+// q (H, M, D), k and v (Hkv, L, D), float32; query row i sits at position L - M + i and sees keys 0 .. L - M + i,
+// or, with ``visible`` (bool (M, L): a token tree's mask), the keys j where visible[i, j]. Either way a row's keys
+// are taken in increasing j, so a tree node over [prefix, its ancestors] sums exactly as the one-row pass over the
+// same keys laid out contiguously. Query head h reads kv head h / (H / Hkv). Returns (M, H, D).
+torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scaling,
+                     c10::optional<torch::Tensor> visible = c10::nullopt) {
   TORCH_CHECK(q.scalar_type() == torch::kFloat32 && k.scalar_type() == torch::kFloat32 &&
               v.scalar_type() == torch::kFloat32, "rowinv.attend: float32 only");
   q = q.contiguous(); k = k.contiguous(); v = v.contiguous();
@@ -257,36 +379,75 @@ torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, double s
   float* op = out.data_ptr<float>();
   const float sc = static_cast<float>(scaling);
   const int64_t group = H / Hkv;
+  // each query row's keys, in increasing order: causal, or the rows of ``visible``
+  std::vector<std::vector<int64_t>> keys(M);
+  torch::Tensor vis;
+  if (visible.has_value()) {
+    vis = visible->to(torch::kBool).contiguous();
+    TORCH_CHECK(vis.dim() == 2 && vis.size(0) == M && vis.size(1) == L, "rowinv.attend: visible must be (M, L)");
+  }
+  for (int64_t i = 0; i < M; ++i) {
+    if (vis.defined()) {
+      const bool* row = vis.data_ptr<bool>() + i * L;
+      for (int64_t j = 0; j < L; ++j)
+        if (row[j]) keys[i].push_back(j);
+    } else {
+      for (int64_t j = 0; j < L - M + i + 1; ++j) keys[i].push_back(j);
+    }
+    TORCH_CHECK(!keys[i].empty(), "rowinv.attend: a query row sees no key");
+  }
+  // keys transposed, (Hkv, D, Lp) with Lp = L rounded up to 16 lanes: a row's scores come 16 keys at a time,
+  // each score one FMA per d in increasing d (the same sequence for a key whichever 16 it is computed with)
+  const int64_t Lp = (L + LANES - 1) / LANES * LANES;
+  std::vector<float> kt(Hkv * D * Lp, 0.0f);
+  for (int64_t g = 0; g < Hkv; ++g)
+    for (int64_t j = 0; j < L; ++j)
+      for (int64_t d = 0; d < D; ++d) kt[(g * D + d) * Lp + j] = kp[(g * L + j) * D + d];
   at::parallel_for(0, H * M, 4, [&](int64_t r0, int64_t r1) {
-    std::vector<float> p(L);
+    std::vector<float> p(Lp), kg(D * LANES);
     for (int64_t r = r0; r < r1; ++r) {
-      const int64_t h = r / M, i = r % M, seen = L - M + i + 1;
+      const int64_t h = r / M, i = r % M;
+      const std::vector<int64_t>& js = keys[i];
+      const int64_t seen = static_cast<int64_t>(js.size());
       const float* qr = qp + (h * M + i) * D;
-      const float* kh = kp + (h / group) * L * D;
+      const float* kh = kt.data() + (h / group) * D * Lp;
       const float* vh = vp + (h / group) * L * D;
       float mx = -INFINITY;
-      for (int64_t j = 0; j < seen; ++j) {
-        vec acc = zero();
-        for (int64_t d = 0; d < D; d += LANES) {
-          auto m = tail_mask(D - d);
-          acc = fma(load_x(qr + d, m), load_x(kh + j * D + d, m), acc);
+      for (int64_t t = 0; t < seen; t += LANES) {
+        const int64_t n = std::min<int64_t>(LANES, seen - t);
+        auto m = tail_mask(n);
+        const float* base = kh + js[t];
+        int64_t stride = Lp;
+        if (js[t + n - 1] - js[t] != n - 1) {  // not contiguous (a tree's ancestors): gather these keys first
+          for (int64_t d = 0; d < D; ++d)
+            for (int64_t l = 0; l < LANES; ++l) kg[d * LANES + l] = l < n ? kh[d * Lp + js[t + l]] : 0.0f;
+          base = kg.data();
+          stride = LANES;
         }
-        p[j] = hsum(acc) * sc;
-        mx = p[j] > mx ? p[j] : mx;
+        vec acc = zero();
+        for (int64_t d = 0; d < D; ++d) acc = fma(set1(qr[d]), load_x(base + d * stride, m), acc);
+        store_x(p.data() + t, mul(acc, set1(sc)), m);
+        for (int64_t l = 0; l < n; ++l) mx = p[t + l] > mx ? p[t + l] : mx;
+      }
+      const vec vmx = set1(mx);
+      for (int64_t t = 0; t < seen; t += LANES) {  // 16 keys at a time, in the row's own key order
+        auto m = tail_mask(seen - t);
+        store_x(p.data() + t, exp16(add(load_x(p.data() + t, m), mul(vmx, set1(-1.0f)))), m);
       }
       float total = 0.0f;
-      for (int64_t j = 0; j < seen; ++j) {
-        p[j] = std::exp(p[j] - mx);
-        total = total + p[j];
-      }
+      for (int64_t t = 0; t < seen; ++t) total = total + p[t];
       const float inv = 1.0f / total;
       float* o = op + (i * H + h) * D;
-      for (int64_t d = 0; d < D; ++d) o[d] = 0.0f;
-      for (int64_t j = 0; j < seen; ++j) {
-        const float pj = p[j] * inv;
-        const float* vr = vh + j * D;
-        for (int64_t d = 0; d < D; ++d) o[d] = o[d] + pj * vr[d];
+      constexpr int64_t DV = 8;  // D <= 128 in 16-lane registers
+      TORCH_CHECK(D <= DV * LANES, "rowinv.attend: head_dim > 128");
+      vec ov[DV];
+      for (int64_t c = 0; c < DV; ++c) ov[c] = zero();
+      for (int64_t t = 0; t < seen; ++t) {
+        const vec pj = set1(p[t] * inv);
+        const float* vr = vh + js[t] * D;
+        for (int64_t c = 0; c * LANES < D; ++c) ov[c] = fma(pj, load_x(vr + c * LANES, tail_mask(D - c * LANES)), ov[c]);
       }
+      for (int64_t c = 0; c * LANES < D; ++c) store_x(o + c * LANES, ov[c], tail_mask(D - c * LANES));
     }
   });
   return out;
@@ -294,7 +455,7 @@ torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, double s
 
 // ---- one decoder layer in two calls (the KV cache is appended in Python between them): fewer Python-level ops
 torch::Tensor lin(const torch::Tensor& x, const torch::Tensor& w, const c10::optional<torch::Tensor>& s) {
-  return w.scalar_type() == torch::kChar ? linear_a16(x, w, *s) : ::linear(x, w, s);
+  return w.scalar_type() == torch::kChar ? linear_a16(x, w, *s) : ::linear(x, w, s);  // int8: either layout
 }
 
 // Llama's RMSNorm, row by row: weight * (x * 1/sqrt(mean(x^2) + eps)), the mean a fixed 16-lane sum.
@@ -355,19 +516,21 @@ std::vector<torch::Tensor> pre_attention(torch::Tensor x, torch::Tensor ln_w, do
 torch::Tensor post_attention(torch::Tensor x, torch::Tensor q, torch::Tensor k, torch::Tensor v, double scaling,
                              torch::Tensor o_w, c10::optional<torch::Tensor> o_s, torch::Tensor ln_w, double eps,
                              torch::Tensor gu_w, c10::optional<torch::Tensor> gu_s, torch::Tensor d_w,
-                             c10::optional<torch::Tensor> d_s) {
+                             c10::optional<torch::Tensor> d_s, c10::optional<torch::Tensor> visible) {
   const int64_t M = x.size(1);
-  auto a = attend(q[0], k[0], v[0], scaling).reshape({1, M, -1});
+  auto a = attend(q[0], k[0], v[0], scaling, visible).reshape({1, M, -1});
   auto h = x + lin(a, o_w, o_s);
   auto gu = lin(rms_norm(h, ln_w, eps), gu_w, gu_s).contiguous();  // (1, M, 2I)
   const int64_t I = gu.size(2) / 2;
   auto act = torch::empty({1, M, I}, x.options());
   const float* g = gu.data_ptr<float>();
   float* ap = act.data_ptr<float>();
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t i = 0; i < I; ++i) {
-      const float gate = g[m * 2 * I + i], up = g[m * 2 * I + I + i];
-      ap[m * I + i] = (gate / (1.0f + std::exp(-gate))) * up;
+  for (int64_t m = 0; m < M; ++m)  // SiLU(gate) * up, 16 lanes at a time: gate / (1 + exp(-gate)) * up
+    for (int64_t i = 0; i < I; i += LANES) {
+      auto mk = tail_mask(I - i);
+      const vec gate = load_x(g + m * 2 * I + i, mk), up = load_x(g + m * 2 * I + I + i, mk);
+      const vec one = set1(1.0f);
+      store_x(ap + m * I + i, mul(div(gate, add(one, exp16(mul(gate, set1(-1.0f))))), up), mk);
     }
   return h + lin(act, d_w, d_s);
 }
@@ -382,10 +545,16 @@ std::string path() {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "row-invariant Y = X W^T", py::arg("x"), py::arg("w"), py::arg("scale") = py::none());
-  m.def("linear_a16", &linear_a16, "Y = X W^T, int8 W, X rounded to 16-bit integers per row");
+  m.def("linear_a16", &linear_a16, "Y = X W^T, int8 W (plain or AMX-packed), X rounded to 16-bit integers per row");
+  m.def("pack_amx", &pack_amx, "int8 (N, K) -> the AMX tile layout linear_a16 also takes");
+  m.def("has_amx", &has_amx, "AMX int8 compiled in and granted by the OS");
   m.def("rms_norm", &rms_norm, "row-wise RMSNorm");
   m.def("pre_attention", &pre_attention, "norm, q|k|v, rotary");
-  m.def("post_attention", &post_attention, "attention, o_proj, residual, norm, MLP, residual");
-  m.def("attend", &attend, "row-invariant causal attention");
+  m.def("post_attention", &post_attention, "attention, o_proj, residual, norm, MLP, residual",
+        py::arg("x"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scaling"), py::arg("o_w"), py::arg("o_s"),
+        py::arg("ln_w"), py::arg("eps"), py::arg("gu_w"), py::arg("gu_s"), py::arg("d_w"), py::arg("d_s"),
+        py::arg("visible") = py::none());
+  m.def("attend", &attend, "row-invariant attention, causal or over a tree's visible keys", py::arg("q"),
+        py::arg("k"), py::arg("v"), py::arg("scaling"), py::arg("visible") = py::none());
   m.def("path", &path, "the SIMD path compiled in");
 }
