@@ -183,7 +183,7 @@ def test_negative_control_siblings_without_the_residual_fail(small_vocab_models,
     ({"tree": "3,x"}, "not a shape"), ({"tree": "0,2"}, "not a shape"), ({"tree": "dynamic:0"}, "node budget"),
     ({"tree": "dynamic:abc"}, "node budget"), ({"tree": 5}, "must be text"), ({"tree": "9,9,9"}, "at most"),
     ({"tree": "3,2,1", "drafter": "prompt_lookup"}, "cannot branch"),
-    ({"tree": "3,2,1", "drafter": "assistant"}, "cannot branch"),
+    ({"tree": "3,2,1", "drafter": "diffusion"}, "cannot branch"),
     ({"tree": "3,2,1", "adaptive_gamma": True}, "own shape"),
     ({"tree": "dynamic:64", "max_new_tokens": 460}, "exceed the model's context"),
 ])
@@ -260,14 +260,16 @@ def test_the_audit_checks_a_tree(random_models, monkeypatch, broken):
     assert any("tree 3,2" in note for note in result.notes)
 
 
-def test_a_tree_at_an_exact_precision_is_refused_in_one_line():
-    """The exact precisions' kernels attend causally, so a tree's mask would be ignored (measured: greedy tree
-    output then differs from autoregressive); trees run in float32 only, and say so."""
+def test_a_tree_at_an_exact_precision_runs_on_the_kernels_and_equals_autoregressive():
+    """The exact precisions' kernels take the tree's mask (rowinv.cpp's attend with ``visible``), so a greedy tree
+    at int8 gives int8 autoregressive's tokens (before the mask was passed, it did not: measured)."""
     from explorer.precision import kernels
 
     if not kernels.available():
         pytest.skip("the row-invariant kernel is not built on this machine")
     models = explorer.load_models("tiny", precision="int8")
-    with pytest.raises(ExplorerError, match="float32 only") as info:
-        explorer.decode("speculative", models, "def parse(line):", tree="2,2", max_new_tokens=8)
-    assert "\n" not in str(info.value) and "tiny@float32" in str(info.value)
+    for prompt in PROMPTS[:3]:
+        ar = explorer.decode("autoregressive", models, prompt, max_new_tokens=20).token_ids
+        for shape in ("2,2", "dynamic:6"):
+            trace = explorer.decode("speculative", models, prompt, tree=shape, max_new_tokens=20)
+            assert trace.stats["precision"] == "int8" and trace.token_ids == ar, (prompt, shape)

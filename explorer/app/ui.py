@@ -162,8 +162,8 @@ def _build_settings(c: Controls, default_preset: str) -> list[Any]:
     gamma = gr.Slider(1, 16, value=d.gamma, step=1, label="γ (drafts per step)", elem_id="gamma")
     adaptive = gr.Checkbox(d.adaptive_gamma, label="adaptive γ (+2 after a full acceptance, −1 after a rejection)")
     tree = gr.Textbox(d.tree, label="token tree (empty: a chain of γ)", placeholder="3,2,1 or dynamic:16",
-                      info="branching per depth, or EAGLE-2's dynamic tree of N nodes; drafters model and early_exit, "
-                           "float32 presets", elem_id="tree")
+                      info="branching per depth, or EAGLE-2's dynamic tree of N nodes; drafters model, early_exit and "
+                           "assistant (an EAGLE head), every precision", elem_id="tree")
     gr.Markdown("**Diffusion** (K and the block length follow N)")
     per_step = gr.Radio([(f"N/{r}" if r > 1 else "N (one token a pass)", r) for r in TOKENS_PER_STEP],
                         value=d.tokens_per_step, label="steps K (tokens revealed per pass = N/K)",

@@ -17,7 +17,7 @@ CACHES = ("none", "prefix", "dual")  # diffusion KV cache (Fast-dLLM, Wu et al. 
 DEFAULT_CACHE = "dual"
 SWEEP_CACHE = "dual"  # what the break-even sweep decodes with
 MAX_PROMPT_CHARS = 20_000
-TREE_DRAFTERS = ("model", "early_exit")  # the drafters that give a distribution per tree node
+TREE_DRAFTERS = ("model", "early_exit", "assistant")  # the drafters that give a distribution per tree node
 MAX_TREE_NODES, MAX_TREE_DEPTH = 256, 32
 
 
@@ -110,7 +110,7 @@ def validate(method: str, cfg: DecodeConfig) -> None:
                  f"draft_passes must be a whole number >= 1 (got {cfg.draft_passes!r})")
         if parse_tree(cfg.tree) is not None:
             _require(cfg.drafter in TREE_DRAFTERS, f"the {cfg.drafter} drafter cannot branch (it gives no distribution "
-                     f"per tree node); trees need drafter {' or '.join(TREE_DRAFTERS)}")
+                     f"per tree node); trees need drafter {', '.join(TREE_DRAFTERS)}")
             _require(not cfg.adaptive_gamma, "adaptive_gamma changes a chain's length; a tree has its own shape "
                      "(turn one of them off)")
     if method == "diffusion":

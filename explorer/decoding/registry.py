@@ -22,12 +22,14 @@ if TYPE_CHECKING:  # annotations only
 class FamilyDrafter:
     """A family's drafter. ``serves(models, cfg)``: it is the one ``cfg.drafter`` asks for on this bundle (checked
     in registration order, before the core's own drafters); ``offers_assistant(models)``: the bundle can run
-    drafter "assistant" with it; ``make(models)`` builds it (ExplorerError with one line when it cannot)."""
+    drafter "assistant" with it; ``make(models)`` builds it (ExplorerError with one line when it cannot);
+    ``make_tree(models)``, where the drafter can branch, builds its token-tree drafter (a ``TreeDrafter``)."""
 
     family: str
     serves: Callable[[Models, DecodeConfig], bool]
     offers_assistant: Callable[[Models], bool]
     make: Callable[[Models], Drafter]
+    make_tree: Callable[[Models], Any] | None = None
 
 
 @dataclass(frozen=True)

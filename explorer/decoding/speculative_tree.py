@@ -1,13 +1,14 @@
 """Speculative decoding over a token tree: draft a tree, verify every node in one target pass, keep a path.
 
-The drafter (a small causal LM, or the target's first layers) expands the tree level by level with its own
-KV cache and a tree mask, so one draft pass computes the next distribution of every node it feeds. A static
-shape ("3,2,1") gives every node at depth d - 1 b_d children; a dynamic one ("dynamic:16") grows the tree
-best-first by cumulative draft log-probability, as EAGLE-2 (Li et al. 2024, Sec. 4) but causally: a node is
-added before its token is drawn and nothing is pruned afterwards, so the shape never depends on a token it
-then keeps, and verification (``tree.verify_tree``) stays exact. Children are drawn from the draft without
-replacement (at T = 0: the draft's top-k in order). After the verify pass both KV caches are compacted to the
-prefix plus the accepted path (``tree.select_cache``).
+The drafter (a small causal LM, the target's first layers, or a family's drafter such as EAGLE's head:
+``families/eagle/tree.py``) expands the tree level by level with its own KV cache and a tree mask, so one
+draft pass computes the next distribution of every node it feeds. A static shape ("3,2,1") gives every node at
+depth d - 1 b_d children; a dynamic one ("dynamic:16") grows the tree best-first by cumulative draft
+log-probability, as EAGLE-2 (Li et al. 2024, Sec. 4) but causally: a node is added before its token is drawn and
+nothing is pruned afterwards, so the shape never depends on a token it then keeps, and verification
+(``tree.verify_tree``) stays exact. Children are drawn from the draft without replacement (at T = 0: the
+draft's top-k in order). After the verify pass both KV caches are compacted to the prefix plus the accepted
+path (``tree.select_cache``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from explorer.decoding.acceptance import cut_emitted
 from explorer.decoding.config import DecodeConfig, TreeShape, parse_tree
 from explorer.decoding.drafters import ModelDrafter, make_drafter
 from explorer.decoding.events import DecodeResult, Event, Proposal, Verification
+from explorer.decoding.registry import family_drafter
 from explorer.decoding.sampling import make_generator, sample, warp_logits
 from explorer.decoding.tree import (
     DraftTree,
@@ -52,11 +54,14 @@ class _Children:
     drawn: int = 0
 
     def __post_init__(self):
-        self.left = torch.argsort(self.probs, descending=True) if self.greedy else self.q.clone()
+        # greedy: the ranks, 16 at first (a full sort of the vocabulary per node costs more than the drafting)
+        self.left = torch.topk(self.probs, min(16, self.probs.shape[-1])).indices if self.greedy else self.q.clone()
 
     def next_prob(self) -> float:
         """The draft probability of the likeliest child not yet drawn (0 when none is left)."""
         if self.greedy:
+            if self.drawn == len(self.left) < self.probs.shape[-1]:
+                self.left = torch.argsort(self.probs, descending=True)
             return float(self.probs[self.left[self.drawn]]) if self.drawn < len(self.left) else 0.0
         return float(self.left.max())
 
@@ -91,10 +96,10 @@ class TreeDrafter:
         tree, self.slots = DraftTree(), {}
         if max_depth < 1:
             return tree
-        feed = tokens[self.cache.get_seq_length():]  # everything the draft has not seen: its last row is the root
-        logits, dt = timed_forward(self.model, torch.tensor([feed], device=self.model.device), self.cache, keep=1)
-        tree.forward_s, tree.passes = dt, 1
-        open_nodes = {-1: self._children(logits[0, -1], cfg, 0.0)}
+        root = self._root(tokens, tree)
+        if root is None:  # nothing to draft from yet (an EAGLE head before the prefill's features)
+            return tree
+        open_nodes = {-1: self._children(root, cfg, 0.0)}
         depth_limit = min(max_depth, shape.max_depth)
         for level in range(1, depth_limit + 1):
             added = self._grow(tree, open_nodes, shape, level, gen)
@@ -110,9 +115,18 @@ class TreeDrafter:
                 open_nodes[node] = self._children(row, cfg, cum)
         return tree
 
+    def _root(self, tokens: list[int], tree: DraftTree) -> torch.Tensor | None:
+        """The draft's next-token logits (V,) after ``tokens``: one pass over what the draft has not seen."""
+        feed = tokens[self.cache.get_seq_length():]  # everything the draft has not seen: its last row is the root
+        logits, dt = timed_forward(self.model, torch.tensor([feed], device=self.model.device), self.cache, keep=1)
+        tree.forward_s, tree.passes = dt, 1
+        return logits[0, -1]
+
     def _children(self, logits: torch.Tensor, cfg: DecodeConfig, cum: float) -> _Children:
-        q = warp_logits(logits, cfg.temperature, cfg.top_k, cfg.top_p)
-        return _Children(q, torch.softmax(logits.float(), -1), cfg.temperature == 0, cum)
+        probs = torch.softmax(logits.float(), -1)
+        if cfg.temperature == 0:  # greedy children are the draft's top ranks; their q is one-hot (``draw``)
+            return _Children(probs, probs, True, cum)
+        return _Children(warp_logits(logits, cfg.temperature, cfg.top_k, cfg.top_p), probs, False, cum)
 
     def _grow(self, tree: DraftTree, open_nodes: dict[int, _Children], shape: TreeShape, level: int,
               gen: torch.Generator) -> list[int]:
@@ -187,14 +201,16 @@ def make_tree_drafter(models: Models, cfg: DecodeConfig) -> TreeDrafter:
     if "sliding_attention" in (getattr(text, "layer_types", None) or ()) or getattr(text, "use_sliding_window", False):
         raise ExplorerError(f"the target of preset {models.preset.name!r} has sliding-window attention layers; "
                             "token trees need a target with full attention in every layer (use a chain)")
-    if models.precision not in (None, "float32"):  # the row-invariant kernels attend causally: no tree mask
-        raise ExplorerError(f"token trees run in float32 only; the {models.precision} precision's row-invariant "
-                            f"kernels attend causally and would ignore the tree's mask (use "
-                            f"'{models.preset.name}@float32' or --precision float32)")
+    family = family_drafter(models, cfg)
+    if family is not None:  # a family's drafter branches if it says how (EAGLE's head: EAGLE-2's trees)
+        if family.make_tree is None:
+            raise ExplorerError(f"the {family.family} drafter of preset {models.preset.name!r} cannot branch; "
+                                "trees need a draft model, the target's first layers or an EAGLE head")
+        return family.make_tree(models)
     chain = make_drafter(models, cfg)
-    if not isinstance(chain, ModelDrafter):  # EAGLE's head, Gemma's assistant: chains only for now
+    if not isinstance(chain, ModelDrafter):
         raise ExplorerError(f"the {chain.name} drafter of preset {models.preset.name!r} cannot branch; trees "
-                            "need a draft model (drafter 'model' or 'early_exit')")
+                            "need a draft model, the target's first layers or an EAGLE head")
     return TreeDrafter(chain.model, chain.eos_id, chain.name)
 
 

@@ -173,18 +173,24 @@ class EagleHead(nn.Module):
         return full
 
     # ------------------------------------------------------------------ inference (a plain KV cache)
-    def step(self, next_ids: torch.Tensor, feats: torch.Tensor, start: int, cache: list[torch.Tensor] | None):
-        """Run positions start .. start+T-1 (batch 1) after ``cache`` ([k, v] of positions < start).
+    def step(self, next_ids: torch.Tensor, feats: torch.Tensor, start: int, cache: list[torch.Tensor] | None,
+             positions: list[int] | None = None, mask: torch.Tensor | None = None):
+        """Run positions start .. start+T-1 (batch 1) after ``cache`` ([k, v] of the entries before them).
 
-        Returns the predicted features (1, T, H) and the cache extended by these positions.
+        A token tree's nodes (``tree.py``) give their own ``positions`` (root + depth) and ``mask`` (bool (T, cache
+        + T): each node sees the true positions and its ancestors). Returns the predicted features (1, T, H) and
+        the cache extended by these entries.
         """
         x = self.inputs(next_ids, feats)
         t = x.shape[1]
-        cos, sin = rope_tables(torch.arange(start, start + t, device=x.device), self.layer.head_dim, self.theta)
+        at = torch.tensor(positions, device=x.device) if positions is not None else \
+            torch.arange(start, start + t, device=x.device)
+        cos, sin = rope_tables(at, self.layer.head_dim, self.theta)
         q, k, v = self.layer.qkv(x, cos.to(x.dtype), sin.to(x.dtype))
         if cache is not None:
             k, v = torch.cat([cache[0], k], 2), torch.cat([cache[1], v], 2)
-        mask = torch.ones(t, k.shape[2], dtype=torch.bool, device=x.device).tril(k.shape[2] - t)
+        if mask is None:
+            mask = torch.ones(t, k.shape[2], dtype=torch.bool, device=x.device).tril(k.shape[2] - t)
         attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.layer.finish(x, attended), [k, v]
 

