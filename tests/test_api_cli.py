@@ -153,6 +153,28 @@ def test_warp_handles_nan_and_inf_logits():
     assert torch.allclose(dead, torch.full((4,), 0.25))
 
 
+def test_greedy_argmax_equals_the_argmax_of_the_sanitized_logits():
+    """The T = 0 shortcut (no sanitizing of the whole vocabulary) picks what the full rule picks, NaN, ±inf, ties
+    and dead rows included."""
+    from explorer.decoding.sampling import fast_argmax, greedy_argmax, sanitize_logits
+
+    nan, inf = float("nan"), float("inf")
+    rows = [[nan, 1.0, inf, -inf], [1.0, inf, 2.0, inf], [-inf] * 4, [nan] * 4, [nan, -inf, -inf, 0.5],
+            [3.0, 3.0, 1.0, 2.0], [-inf, -inf, -1.0, nan], [0.1, 0.2, 0.3, 0.4]]
+    for row in rows:
+        logits = torch.tensor(row)
+        assert int(greedy_argmax(logits)) == int(sanitize_logits(logits).argmax()), row
+    batch = torch.tensor(rows)
+    assert torch.equal(greedy_argmax(batch), sanitize_logits(batch).argmax(-1))
+    noisy = torch.randn(64, 300, generator=torch.Generator().manual_seed(0))
+    noisy[noisy > 2.2] = nan
+    assert torch.equal(greedy_argmax(noisy), sanitize_logits(noisy).argmax(-1))
+    ties = torch.randint(0, 3, (64, 300), generator=torch.Generator().manual_seed(1)).float()
+    ties[5, 7] = nan
+    for x in (ties, ties.double(), ties[:, ::2], ties[3], torch.tensor([nan, 1.0])):
+        assert torch.equal(fast_argmax(x), x.argmax(-1)), x.shape  # numpy's argmax picks torch's index
+
+
 def test_top_p_keeps_smallest_set_reaching_p():
     logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
     p = warp_logits(logits, 1.0, top_p=0.8)

@@ -30,7 +30,7 @@ from transformers import DynamicCache
 from explorer.decoding.config import DEFAULT_CACHE, DecodeConfig
 from explorer.decoding.events import DecodeResult, Event, RefinementStep
 from explorer.decoding.registry import diffusion_sampler
-from explorer.decoding.sampling import make_generator, sanitize_logits, warp_logits
+from explorer.decoding.sampling import fast_argmax, make_generator, sanitize_logits, warp_logits
 from explorer.errors import ExplorerError
 from explorer.runtime import Models, timed_forward
 
@@ -52,9 +52,9 @@ def predict_tokens(logits: torch.Tensor, cfg: DecodeConfig, gen: torch.Generator
         # the seeded generator is a CPU one (the same draws on every device); moved to the logits' device
         u = torch.rand(logits.shape, generator=gen, dtype=torch.float64, device="cpu").clamp_(1e-300, 1.0)
         u = u.to(logits.device)
-        tokens = (logits / cfg.temperature - torch.log(-torch.log(u))).argmax(-1)  # Gumbel-max
+        tokens = fast_argmax(logits / cfg.temperature - torch.log(-torch.log(u)))  # Gumbel-max
     else:
-        tokens = logits.argmax(-1)
+        tokens = fast_argmax(logits)
     if cfg.remasking == "random":
         confidence = torch.rand(tokens.shape, generator=gen, dtype=torch.float64, device="cpu").to(tokens.device)
     else:

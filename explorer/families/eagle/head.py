@@ -131,7 +131,7 @@ class EagleHead(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.fc.weight.device
+        return self.kept_ids.device  # a buffer every head has (fc's weight may be a packed kernel buffer)
 
     @property
     def full_vocab_size(self) -> int:
