@@ -211,3 +211,25 @@ def test_an_int8_target_on_amx_equals_it_on_avx512(monkeypatch):
     assert torch.equal(on_amx.lm_head.weight, on_avx.lm_head.weight)  # the packed layout unpacks to the same
     with torch.inference_mode():
         assert torch.equal(on_amx(tokens).logits, on_avx(tokens).logits)
+
+
+@needs_kernels
+def test_a_mask_written_in_place_between_passes_is_read_afresh():
+    """The kernels convert a tree's mask once per pass (exact.visible_keys); a mask object reused by the next pass
+    with other contents must not get the last pass's conversion."""
+    model = make_row_invariant(build_random_llama(300, 64, 2, seed=5).eval(), "int8")
+    prefix = torch.randint(0, 300, (20,), generator=torch.Generator().manual_seed(4)).tolist()
+    chain, fork = [-1, 0, 1, 2], [-1, -1, 0, 1]
+
+    def pass_over(mask, positions):
+        cache = DynamicCache()
+        with torch.inference_mode():
+            model(input_ids=torch.tensor([prefix[:-1]]), past_key_values=cache, use_cache=True)
+            return model(input_ids=torch.tensor([prefix[-1:] + TOKENS[:4]]), past_key_values=cache, use_cache=True,
+                         attention_mask=mask, position_ids=positions).logits
+
+    mask, positions = tree.verify_inputs(chain, len(prefix) - 1, 1, torch.float32, torch.device("cpu"))
+    fork_mask, fork_positions = tree.verify_inputs(fork, len(prefix) - 1, 1, torch.float32, torch.device("cpu"))
+    pass_over(mask, positions)
+    mask.copy_(fork_mask)  # the same object, the fork's contents
+    assert torch.equal(pass_over(mask, fork_positions), pass_over(fork_mask.clone(), fork_positions))

@@ -12,6 +12,8 @@ already (measured invariant); the linear layers (the LM head included) and atten
 
 from __future__ import annotations
 
+import threading
+
 import torch
 from torch import nn
 
@@ -68,10 +70,23 @@ def visible_keys(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     transformers passes no mask to this attention for a plain causal pass)."""
     if attention_mask is None:
         return None
+    last = getattr(_PASS, "visible", None)  # every layer of one pass gets the same mask object: convert it once
+    if last is not None and last[0] is attention_mask:
+        return last[1]
     if attention_mask.ndim != 4 or attention_mask.shape[:2] != (1, 1):
         raise ValueError("row-invariant attention takes a causal pass or one token tree's (1, 1, M, L) mask")
     mask = attention_mask[0, 0]
-    return mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+    visible = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+    _PASS.visible = (attention_mask, visible)
+    return visible
+
+
+_PASS = threading.local()  # this thread's current target pass (lanes decode in threads side by side)
+
+
+def _new_pass(module: nn.Module, args: tuple) -> None:
+    """Forget the last pass's converted mask (a pre-hook on the model body: a new mask may reuse the memory)."""
+    _PASS.visible = None
 
 
 def row_invariant_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -194,6 +209,7 @@ def make_row_invariant(model: nn.Module, fmt: str, lean: bool = True) -> nn.Modu
         if lean:
             model.model.layers[i] = LeanLayer(layer, layer.self_attn, layer.mlp)
     head = model.get_output_embeddings()
+    model.model.register_forward_pre_hook(_new_pass)
     model.lm_head = RowInvariantLinear(head.weight, fmt)  # untied: the input embedding stays float32
     model.config.tie_word_embeddings = False
     model.config._attn_implementation = ATTENTION
