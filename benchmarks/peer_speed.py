@@ -71,7 +71,11 @@ def main() -> None:
     def llama(ids: list[int], t: int) -> tuple[float, int]:
         worker.stdin.write(json.dumps({"ids": ids, "threads": t, "tokens": args.tokens}) + "\n")
         worker.stdin.flush()
-        r = json.loads(worker.stdout.readline())
+        line = worker.stdout.readline()
+        if not line:  # the worker died (a crash inside llama.cpp): say so, not a JSON traceback
+            raise SystemExit(f"error: llama.cpp's worker exited with status {worker.wait()}; on a CPU with AMX "
+                             "rebuild the venv without ggml's AMX path: bash scripts/peer_venv.sh")
+        r = json.loads(line)
         return r["seconds"], r["new_tokens"]
 
     def explorer_ar(models, prompt: str) -> tuple[float, int]:
