@@ -233,3 +233,38 @@ def test_a_mask_written_in_place_between_passes_is_read_afresh():
     pass_over(mask, positions)
     mask.copy_(fork_mask)  # the same object, the fork's contents
     assert torch.equal(pass_over(mask, fork_positions), pass_over(fork_mask.clone(), fork_positions))
+
+
+@needs_kernels
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_heads_fused_projections_give_the_separate_layers_bits(fmt):
+    """use_kernels_in_eagle_head stacks q, k, v (and gate, up) into one kernel call: the features the head predicts,
+    through the root step and a tree step, are those of the layers on the kernels one by one."""
+    import copy
+
+    from explorer.families.random_tiny import build_random_eagle
+    from explorer.precision.exact import RowInvariantLinear, use_kernels_in_eagle_head
+
+    target = build_random_llama(300, 64, 2, seed=5).eval()
+    head = build_random_eagle(target, seed=3, noise=0.05, fuse_layers=(0,))
+    fused = use_kernels_in_eagle_head(copy.deepcopy(head), fmt)
+    separate = copy.deepcopy(head)
+    for name in ("fc", "fuse"):
+        if hasattr(separate, name):
+            setattr(separate, name, RowInvariantLinear(getattr(separate, name).weight, fmt))
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
+        setattr(separate.layer, name, RowInvariantLinear(getattr(separate.layer, name).weight, fmt))
+    separate.shared["head_linear"] = RowInvariantLinear(separate.shared["head"], fmt)
+    assert "qkv_proj" in fused.layer._modules and "q_proj" not in fused.layer._modules
+    gen = torch.Generator().manual_seed(0)
+    ids, feats = torch.randint(0, 300, (1, 5), generator=gen), torch.randn(1, 5, head.feature_size, generator=gen)
+    mask = torch.tensor([[True] * 5 + [True, False, False], [True] * 5 + [True, True, False],
+                         [True] * 5 + [True, False, True]])
+    with torch.inference_mode():
+        outs = []
+        for h in (fused, separate):
+            out, cache = h.step(ids, h.fused(feats), 0, None)
+            tree, _ = h.step(torch.tensor([[7, 8, 9]]), out[:, [-1, -1, -1]], 5, cache, positions=[5, 6, 6], mask=mask)
+            outs.append((out, tree, h.full_logits(tree[0])))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)

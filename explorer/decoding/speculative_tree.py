@@ -71,7 +71,8 @@ class _Children:
             return None
         if self.greedy:  # the draft's next best token, chosen deterministically (a one-hot q)
             token = int(self.left[self.drawn])
-            row = torch.nn.functional.one_hot(torch.tensor(token, device=self.q.device), self.q.shape[-1]).float()
+            row = torch.zeros(self.q.shape[-1], device=self.q.device)
+            row[token] = 1.0
         else:  # without replacement: the draft's q with the siblings drawn so far removed, renormalized
             row = self.left / self.left.sum()
             token = sample(row, gen)

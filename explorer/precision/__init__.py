@@ -9,10 +9,12 @@
 
 Activations and sums are float32 in every one (int8: activations rounded to 16-bit integers per row, integer
 sums; on AMX each 16-bit activation is split exactly into two bytes, so the tiles give the same integers). A
-token tree's verify pass is row-invariant too: the attention kernel takes the tree's mask. An exact precision converts the target row-invariant and
-puts the EAGLE head and the diffusion model on the same kernels in the same weight format (for speed, and so
-the page times the two paradigms at one precision); the other drafters keep their own precision: exactness
-needs the verifier consistent with itself, not with the drafter.
+token tree's verify pass is row-invariant too: the attention kernel takes the tree's mask.
+
+An exact precision converts the target row-invariant and puts the EAGLE head and the diffusion model on the same
+kernels in the same weight format (for speed, and so the page times the two paradigms at one precision); the
+other drafters keep their own precision: exactness needs the verifier consistent with itself, not with the
+drafter.
 """
 
 from __future__ import annotations

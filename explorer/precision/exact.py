@@ -224,8 +224,15 @@ def use_kernels_in_eagle_head(head: nn.Module, fmt: str) -> nn.Module:
     head.fc = RowInvariantLinear(head.fc.weight, fmt)
     if getattr(head, "fuse_layers", ()):  # EAGLE-3's fused features
         head.fuse = RowInvariantLinear(head.fuse.weight, fmt)
-    for name in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
-        setattr(head.layer, name, RowInvariantLinear(getattr(head.layer, name).weight, fmt))
+    layer = head.layer
+    # q, k, v (and gate, up) as one kernel call each: weights are stored a row at a time (int8: one scale per row)
+    # and every output column is its own fixed sum, so the stacked rows give the separate layers' bits
+    qkv = [layer._modules.pop(name).weight for name in ("q_proj", "k_proj", "v_proj")]
+    gate_up = [layer._modules.pop(name).weight for name in ("gate_proj", "up_proj")]
+    layer.qkv_proj = RowInvariantLinear(torch.cat(qkv), fmt)
+    layer.gate_up_proj = RowInvariantLinear(torch.cat(gate_up), fmt)
+    layer.o_proj = RowInvariantLinear(layer.o_proj.weight, fmt)
+    layer.down_proj = RowInvariantLinear(layer.down_proj.weight, fmt)
     head.shared["head_linear"] = RowInvariantLinear(head.shared["head"], fmt)
     return head
 

@@ -89,9 +89,13 @@ class HeadLayer(nn.Module):
         """x: (B, T, H) -> q (B, heads, T, d), k and v (B, heads, T, d) (kv heads repeated)."""
         b, t, _ = x.shape
         n = self.input_layernorm(x)
-        q = self.q_proj(n).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(n).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(n).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        if "qkv_proj" in self._modules:  # q, k and v rows in one kernel call (precision/exact.py: the same bits)
+            q, k, v = self.qkv_proj(n).split([self.heads * self.head_dim] + [self.kv_heads * self.head_dim] * 2, -1)
+        else:
+            q, k, v = self.q_proj(n), self.k_proj(n), self.v_proj(n)
+        q = q.reshape(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k = k.reshape(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = v.reshape(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         rep = self.heads // self.kv_heads
         return q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
@@ -101,6 +105,9 @@ class HeadLayer(nn.Module):
         b, _, t, _ = attended.shape
         x = x + self.o_proj(attended.transpose(1, 2).reshape(b, t, -1))
         n = self.post_attention_layernorm(x)
+        if "gate_up_proj" in self._modules:  # as qkv_proj
+            gate, up = self.gate_up_proj(n).chunk(2, -1)
+            return x + self.down_proj(F.silu(gate) * up)
         return x + self.down_proj(F.silu(self.gate_proj(n)) * self.up_proj(n))
 
 
@@ -183,16 +190,28 @@ class EagleHead(nn.Module):
         """
         x = self.inputs(next_ids, feats)
         t = x.shape[1]
-        at = torch.tensor(positions, device=x.device) if positions is not None else \
-            torch.arange(start, start + t, device=x.device)
-        cos, sin = rope_tables(at, self.layer.head_dim, self.theta)
-        q, k, v = self.layer.qkv(x, cos.to(x.dtype), sin.to(x.dtype))
+        cos, sin = self._rope(list(positions) if positions is not None else range(start, start + t), x)
+        q, k, v = self.layer.qkv(x, cos, sin)
         if cache is not None:
             k, v = torch.cat([cache[0], k], 2), torch.cat([cache[1], v], 2)
-        if mask is None:
+        if mask is None and t > 1:  # one query row sees every cached key: no mask
             mask = torch.ones(t, k.shape[2], dtype=torch.bool, device=x.device).tril(k.shape[2] - t)
         attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.layer.finish(x, attended), [k, v]
+
+    def _rope(self, positions, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (T, head_dim) at these positions, read from a table grown by doubling (elementwise: the bits
+        ``rope_tables`` gives for the positions alone)."""
+        top = max(positions) + 1
+        table = getattr(self, "_rope_table", None)
+        if table is None or table[0].shape[0] < top or table[0].device != x.device or table[0].dtype != x.dtype:
+            size = max(256, 1 << (top - 1).bit_length())
+            cos, sin = rope_tables(torch.arange(size, device=x.device), self.layer.head_dim, self.theta)
+            table = self._rope_table = (cos.to(x.dtype), sin.to(x.dtype))
+        if isinstance(positions, range):
+            return table[0][positions.start:positions.stop], table[1][positions.start:positions.stop]
+        at = torch.tensor(positions, device=x.device)
+        return table[0][at], table[1][at]
 
     # ------------------------------------------------------------------ training (EAGLE-3's test)
     def forward_depths(self, next_ids: torch.Tensor, feats: torch.Tensor, depths: int) -> list[torch.Tensor]:
