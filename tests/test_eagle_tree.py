@@ -266,5 +266,5 @@ def test_the_heads_fused_projections_give_the_separate_layers_bits(fmt):
             out, cache = h.step(ids, h.fused(feats), 0, None)
             tree, _ = h.step(torch.tensor([[7, 8, 9]]), out[:, [-1, -1, -1]], 5, cache, positions=[5, 6, 6], mask=mask)
             outs.append((out, tree, h.full_logits(tree[0])))
-    for a, b in zip(*outs):
+    for a, b in zip(*outs, strict=True):
         assert torch.equal(a, b)
