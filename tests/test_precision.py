@@ -263,3 +263,35 @@ def test_the_diffusion_model_runs_in_the_targets_format_and_keeps_its_prediction
     assert sure.sum() >= 5 and bool((a.argmax(-1) == b.argmax(-1))[sure].all())
     ce_a, ce_b = float(F.cross_entropy(a, x0[where])), float(F.cross_entropy(b, x0[where]))
     assert abs(ce_b - ce_a) < 0.05 * ce_a, (ce_a, ce_b)
+
+
+def test_the_kernels_run_without_the_gil():
+    """Lanes decoded side by side in threads (the app's live Playback) must overlap in the kernels: while one thread
+    is inside a long kernel call, another wakes from its sleeps and runs Python. With the GIL held through the
+    call it cannot: its wake-ups wait for the call to end."""
+    import threading
+    import time
+
+    ext = kernels.load()
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(512, 4096, generator=gen), torch.randint(-127, 128, (4096, 4096), dtype=torch.int8, generator=gen)
+    scale = torch.rand(4096, generator=gen)
+    window, done = [], threading.Event()
+
+    def call():
+        time.sleep(0.02)  # the main thread is asleep in its loop by now
+        window.append(time.perf_counter())
+        ext.linear_a16(x, w, scale)  # about 0.1 s on one core
+        window.append(time.perf_counter())
+        done.set()
+
+    worker = threading.Thread(target=call)
+    wakeups = []
+    worker.start()
+    while not done.is_set():
+        time.sleep(0.001)
+        wakeups.append(time.perf_counter())
+    worker.join()
+    inside = sum(window[0] < t < window[1] for t in wakeups)
+    expected = (window[1] - window[0]) / 0.002
+    assert inside > min(10, expected), f"{inside} wake-ups in a {window[1] - window[0]:.3f} s kernel call: GIL held"

@@ -544,17 +544,22 @@ std::string path() {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("linear", &linear, "row-invariant Y = X W^T", py::arg("x"), py::arg("w"), py::arg("scale") = py::none());
-  m.def("linear_a16", &linear_a16, "Y = X W^T, int8 W (plain or AMX-packed), X rounded to 16-bit integers per row");
+  // the kernels touch tensors only: they run without the GIL, so lanes decoding in threads side by side (the app's
+  // live Playback) overlap in them instead of taking turns
+  using nogil = py::call_guard<py::gil_scoped_release>;
+  m.def("linear", &linear, "row-invariant Y = X W^T", py::arg("x"), py::arg("w"), py::arg("scale") = py::none(),
+        nogil());
+  m.def("linear_a16", &linear_a16, "Y = X W^T, int8 W (plain or AMX-packed), X rounded to 16-bit integers per row",
+        nogil());
   m.def("pack_amx", &pack_amx, "int8 (N, K) -> the AMX tile layout linear_a16 also takes");
   m.def("has_amx", &has_amx, "AMX int8 compiled in and granted by the OS");
-  m.def("rms_norm", &rms_norm, "row-wise RMSNorm");
-  m.def("pre_attention", &pre_attention, "norm, q|k|v, rotary");
+  m.def("rms_norm", &rms_norm, "row-wise RMSNorm", nogil());
+  m.def("pre_attention", &pre_attention, "norm, q|k|v, rotary", nogil());
   m.def("post_attention", &post_attention, "attention, o_proj, residual, norm, MLP, residual",
         py::arg("x"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scaling"), py::arg("o_w"), py::arg("o_s"),
         py::arg("ln_w"), py::arg("eps"), py::arg("gu_w"), py::arg("gu_s"), py::arg("d_w"), py::arg("d_s"),
-        py::arg("visible") = py::none());
+        py::arg("visible") = py::none(), nogil());
   m.def("attend", &attend, "row-invariant attention, causal or over a tree's visible keys", py::arg("q"),
-        py::arg("k"), py::arg("v"), py::arg("scaling"), py::arg("visible") = py::none());
+        py::arg("k"), py::arg("v"), py::arg("scaling"), py::arg("visible") = py::none(), nogil());
   m.def("path", &path, "the SIMD path compiled in");
 }
