@@ -274,8 +274,8 @@ def test_the_kernels_run_without_the_gil():
 
     ext = kernels.load()
     gen = torch.Generator().manual_seed(0)
-    x, w = torch.randn(512, 4096, generator=gen), torch.randint(-127, 128, (4096, 4096), dtype=torch.int8, generator=gen)
-    scale = torch.rand(4096, generator=gen)
+    x = torch.randn(512, 4096, generator=gen)
+    w, scale = torch.randint(-127, 128, (4096, 4096), dtype=torch.int8, generator=gen), torch.rand(4096, generator=gen)
     window, done = [], threading.Event()
 
     def call():
