@@ -295,3 +295,18 @@ def test_the_kernels_run_without_the_gil():
     inside = sum(window[0] < t < window[1] for t in wakeups)
     expected = (window[1] - window[0]) / 0.002
     assert inside > min(10, expected), f"{inside} wake-ups in a {window[1] - window[0]:.3f} s kernel call: GIL held"
+
+
+def test_an_exact_precision_puts_the_draft_model_on_the_kernels_and_a_copy_leaves_it_shared():
+    """load_models at int8 runs a causal Llama draft on the kernels too (speed only: a drafter's q is whatever it
+    drew from), says so in the model line, and greedy speculative with it still equals autoregressive;
+    converted_copy shares the float32 bundle's draft untouched."""
+    models = explorer.load_models("tiny", precision="int8")
+    assert isinstance(models.draft.lm_head, RowInvariantLinear)
+    assert "int8 weights on the kernels" in models.names["draft"]
+    prompt = "def parse(line):"
+    ar = explorer.decode("autoregressive", models, prompt, max_new_tokens=24).token_ids
+    assert explorer.decode("speculative", models, prompt, max_new_tokens=24, drafter="model", gamma=3).token_ids == ar
+    plain = explorer.load_models("tiny", precision="float32")
+    copied = converted_copy(plain, "int8")
+    assert copied.draft is plain.draft and isinstance(plain.draft.lm_head, torch.nn.Linear)

@@ -11,10 +11,10 @@ Activations and sums are float32 in every one (int8: activations rounded to 16-b
 sums; on AMX each 16-bit activation is split exactly into two bytes, so the tiles give the same integers). A
 token tree's verify pass is row-invariant too: the attention kernel takes the tree's mask.
 
-An exact precision converts the target row-invariant and puts the EAGLE head and the diffusion model on the same
-kernels in the same weight format (for speed, and so the page times the two paradigms at one precision); the
-other drafters keep their own precision: exactness needs the verifier consistent with itself, not with the
-drafter.
+An exact precision converts the target row-invariant and puts the EAGLE head, a causal Llama draft model and the
+diffusion model on the same kernels in the same weight format (for speed, and so the page times the two paradigms
+at one precision); the other drafters keep their own precision: exactness needs the verifier consistent with
+itself, not with the drafter.
 """
 
 from __future__ import annotations
@@ -71,11 +71,12 @@ def resolve_precision(precision: str | None, device: torch.device, dtype: str | 
     return precision
 
 
-def apply_precision(models, precision: str | None, diffusion: bool = True):
-    """Convert a bundle in place for an exact precision: the target (row-invariant), an EAGLE head (the same
-    kernels, for speed: a drafter need not be row-invariant, its q is whatever it drew from) and a transformers
-    diffusion model (the same kernels and format: ``use_kernels_in_diffusion``; not with ``diffusion=False``).
-    Nothing for float32 or the dtype path. Returns the bundle with ``precision`` set."""
+def apply_precision(models, precision: str | None, diffusion: bool = True, draft: bool = True):
+    """Convert a bundle in place for an exact precision: the target (row-invariant), an EAGLE head and a causal
+    Llama-family draft model (the same kernels, for speed: a drafter need not be row-invariant, its q is whatever
+    it drew from; the draft not with ``draft=False``) and a transformers diffusion model (the same kernels and
+    format: ``use_kernels_in_diffusion``; not with ``diffusion=False``). Nothing for float32 or the dtype path.
+    Returns the bundle with ``precision`` set."""
     fmt = PRECISIONS.get(precision) if precision else None
     if fmt is None:
         return models
@@ -85,12 +86,25 @@ def apply_precision(models, precision: str | None, diffusion: bool = True):
         raise ExplorerError(f"precision {precision!r}: {exc}") from None
     if models.assistant is not None and hasattr(models.assistant, "layer"):
         use_kernels_in_eagle_head(models.assistant, fmt)
+    if draft and is_kernel_draft_candidate(models.draft):
+        make_row_invariant(models.draft, fmt)
+        name = models.names.get("draft", "draft")
+        models.names["draft"] = f"{name}, {precision} weights on the kernels"
     if diffusion and is_kernel_diffusion_candidate(models.diffusion):
         use_kernels_in_diffusion(models.diffusion, fmt)
         name = models.names.get("diffusion", "diffusion")
         models.names["diffusion"] = f"{name}, {precision} weights on the target's kernels"
     models.precision = precision
     return models
+
+
+def is_kernel_draft_candidate(model) -> bool:
+    """A draft model the kernels can take: a causal Llama-family body (transformers' own, or the trimmed-head
+    draft built on it) whose layers are transformers' Llama layers."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    return (layers is not None and len(layers) > 0
+            and all(type(layer).__module__.startswith("transformers.models.llama") for layer in layers)
+            and all(getattr(layer.self_attn, "is_causal", True) for layer in layers))
 
 
 def is_kernel_diffusion_candidate(model) -> bool:
@@ -109,4 +123,4 @@ def converted_copy(models, precision: str):
                                  assistant=copy.deepcopy(models.assistant))
     if bundle.assistant is not None and hasattr(bundle.assistant, "attach"):
         bundle.assistant.attach(bundle.target)  # share the copy's embedding, as loading does
-    return apply_precision(bundle, precision, diffusion=False)
+    return apply_precision(bundle, precision, diffusion=False, draft=False)

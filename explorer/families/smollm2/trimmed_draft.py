@@ -43,7 +43,7 @@ class TrimmedHeadDraft(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.lm_head.weight.device
+        return self.kept_ids.device  # a buffer (the head's weight may be a kernel's packed buffer: explorer/precision)
 
     @property
     def full_vocab_size(self) -> int:
