@@ -172,17 +172,20 @@ def joint_tokens_2_3(models, prompt):
     return joint
 
 
-def sample_tokens_2_3(models, prompt):
+def sample_tokens_2_3(models, prompt, tree=None):
+    """x1 is the prefill's own token (the head has no features before it); x2, x3 come from drafts of a chain of
+    2, or of a token tree of shape ``tree`` (test_eagle_tree.py)."""
     counts, accepted, rejected = np.zeros((VOCAB, VOCAB)), 0, 0
     for seed in range(SAMPLES):
-        cfg = DecodeConfig(max_new_tokens=4, temperature=TEMPERATURE, seed=seed, gamma=2, drafter="assistant")
+        cfg = DecodeConfig(max_new_tokens=4, temperature=TEMPERATURE, seed=seed, gamma=2, drafter="assistant",
+                           tree=tree)
         gen = speculative.decode_speculative(models, prompt, cfg)
         try:
             while True:
                 event = next(gen)
                 if isinstance(event, Verification):
                     accepted += event.accepted
-                    rejected += event.resampled is not None
+                    rejected += any(not check.accepted for check in event.checks)
         except StopIteration as stop:
             x2, x3 = stop.value.tokens[1:3]
         counts[x2, x3] += 1

@@ -9,7 +9,6 @@ AVX-512 path's bits.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from transformers import DynamicCache
@@ -21,45 +20,18 @@ from explorer.decoding.events import Verification
 from explorer.models import build_random_llama
 from explorer.precision import converted_copy, exact, kernels
 from explorer.precision.exact import FORMATS, make_row_invariant
-from tests.test_eagle import KEPT, SAMPLES, TEMPERATURE, joint_tokens_2_3, trimmed  # noqa: F401
+from tests.test_diffusion_drafter_cache import run
+from tests.test_eagle import SAMPLES, joint_tokens_2_3, sample_tokens_2_3, trimmed  # noqa: F401
 from tests.test_precision import HAS_SMOLLM2
 from tests.test_speculative_exact import PROMPTS, chi_square_p
 
 needs_kernels = pytest.mark.skipif(not kernels.available(), reason="no C++ compiler: exact precisions unavailable")
 
 
-def run(gen):
-    try:
-        while True:
-            next(gen)
-    except StopIteration as stop:
-        return stop.value
-
-
-def sample_tree_tokens_2_3(models, prompt, shape):
-    """x1 is the prefill's own token (the head has no features before it); x2, x3 come from a drafted tree."""
-    accepted, rejected = 0, 0
-    vocab = models.target.config.vocab_size
-    counts = np.zeros((vocab, vocab))
-    for seed in range(SAMPLES):
-        cfg = DecodeConfig(max_new_tokens=4, temperature=TEMPERATURE, seed=seed, drafter="assistant", tree=shape)
-        gen = speculative_tree.decode_speculative_tree(models, prompt, cfg)
-        try:
-            while True:
-                event = next(gen)
-                if isinstance(event, Verification):
-                    accepted += event.accepted
-                    rejected += any(not c.accepted for c in event.checks)
-        except StopIteration as stop:
-            x2, x3 = stop.value.tokens[1:3]
-        counts[x2, x3] += 1
-    return counts, accepted, rejected
-
-
 @pytest.mark.parametrize("shape", ["2,2", "dynamic:4"])
 def test_tree_sampling_with_an_eagle_head_is_exact(trimmed, shape):  # noqa: F811
     prompt = [1, 2, 3]
-    counts, accepted, rejected = sample_tree_tokens_2_3(trimmed, prompt, shape)
+    counts, accepted, rejected = sample_tokens_2_3(trimmed, prompt, shape)
     assert accepted > SAMPLES / 4 and rejected > SAMPLES / 4, "both rules must be exercised"
     assert chi_square_p(counts, joint_tokens_2_3(trimmed, prompt)) > 1e-3
 
@@ -68,7 +40,7 @@ def test_negative_control_an_eagle_tree_that_accepts_every_child_fails(trimmed, 
     monkeypatch.setattr(tree, "acceptance_probability", lambda p, q: 1.0)
     monkeypatch.setattr(acceptance, "acceptance_probability", lambda p, q: 1.0)
     prompt = [1, 2, 3]
-    assert chi_square_p(sample_tree_tokens_2_3(trimmed, prompt, "2,2")[0], joint_tokens_2_3(trimmed, prompt)) < 1e-3
+    assert chi_square_p(sample_tokens_2_3(trimmed, prompt, "2,2")[0], joint_tokens_2_3(trimmed, prompt)) < 1e-3
 
 
 def greedy_tree_mismatches(models, prompts, shapes, tokens):
@@ -126,7 +98,7 @@ def test_the_head_reads_the_features_of_the_accepted_path(smollm2_by_precision):
     original = speculative_tree.make_tree_drafter
     try:
         speculative_tree.make_tree_drafter = lambda m, c: drafter
-        result = run(speculative_tree.decode_speculative_tree(
+        result, _ = run(speculative_tree.decode_speculative_tree(
             models, ids, DecodeConfig(max_new_tokens=24, drafter="assistant", tree="dynamic:6")))
     finally:
         speculative_tree.make_tree_drafter = original
