@@ -51,6 +51,8 @@ def main() -> None:
     ap.add_argument("--thresholds", default="0.9,0.7")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--samples", action="store_true", help="print each adapter's T = 1 outputs")
+    ap.add_argument("--quality-thresholds", default="0.9",
+                    help="the thresholds whose T = 1 samples are scored (comma list; each adapter at each)")
     ap.add_argument("--kernels", default="int8", help="the weight format on the target's kernels (int8: the default "
                     "precision's; 'none': torch's float32 path, bf16 on a CPU with native bf16)")
     args = ap.parse_args()
@@ -66,7 +68,9 @@ def main() -> None:
                                            for t in args.thresholds.split(",")]
     stats = {(name, label): {"tokens": 0, "passes": 0, "per_pass": [], "s": 0.0} for name in bundles
              for label, _ in configs}
-    quality = {name: {"ppl": [], "ent": [], "dist": []} for name in [*bundles, "target T=1"]}
+    q_thresholds = [float(t) for t in args.quality_thresholds.split(",")]
+    samplers = [f"{name} @ {t}" for name in bundles for t in q_thresholds] + ["target T=1"]
+    quality = {name: {"ppl": [], "ent": [], "dist": []} for name in samplers}
     samples = {name: [] for name in quality}
     for i, prompt in enumerate(prompts):
         for label, options in configs:
@@ -77,8 +81,9 @@ def main() -> None:
                 st["passes"] += trace.stats["target_forward_passes"]
                 st["per_pass"].append(len(trace.token_ids) / max(1, trace.stats["target_forward_passes"]))
                 st["s"] += trace.stats["wall_s"]
-        runs = {name: explorer.decode("diffusion", models, prompt, max_new_tokens=n, block_length=b, steps=n,
-                                      threshold=0.9, temperature=1.0, seed=i) for name, models in bundles.items()}
+        runs = {f"{name} @ {t}": explorer.decode("diffusion", models, prompt, max_new_tokens=n, block_length=b,
+                                                 steps=n, threshold=t, temperature=1.0, seed=i)
+                for name, models in bundles.items() for t in q_thresholds}
         runs["target T=1"] = explorer.decode("autoregressive", base, prompt, max_new_tokens=n, temperature=1.0,
                                              seed=i)
         for name, trace in runs.items():
@@ -97,8 +102,8 @@ def main() -> None:
         pp = st["per_pass"]
         print(f"| {name} | {label} | {st['tokens'] / max(1, st['passes']):.2f} | {statistics.median(pp):.2f} "
               f"[{min(pp):.2f}, {max(pp):.2f}] | {st['passes'] / len(prompts):.1f} | {st['s'] / len(prompts):.2f} |")
-    print(f"\n## Quality at T = 1 (diffusion with threshold 0.9), N = {n}: medians over {len(prompts)} prompts")
-    print("| sampler | perplexity under the target | token entropy (bits) | distinct 3-grams |")
+    print(f"\n## Quality at T = 1 (diffusion at each threshold), N = {n}: medians over {len(prompts)} prompts")
+    print("| sampler @ threshold | perplexity under the target | token entropy (bits) | distinct 3-grams |")
     print("|---|---|---|---|")
     for name, q in quality.items():
         print(f"| {name} | {statistics.median(q['ppl']):.1f} | {statistics.median(q['ent']):.2f} | "

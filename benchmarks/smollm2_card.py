@@ -55,7 +55,9 @@ def speculative_table(models, prompts, gammas, tokens, drafters=("model",)):
           "speedup (interleaved) | per-prompt speedup, median [min, max] |")
     print("|---|---|---|---|---|---|---|")
     for drafter in drafters:
-        for gamma in gammas:
+        for item in gammas:  # "6" = a chain of 6; "6@0.15" = up to 6, cut where the draft's probability < 0.15
+            gamma, _, cut = str(item).partition("@")
+            gamma, cut = int(gamma), float(cut) if cut else None
             ar_s = spec_s = 0.0
             passes = new = accepted = proposed = 0
             draft_s = draft_n = target_s = target_n = 0.0
@@ -63,7 +65,7 @@ def speculative_table(models, prompts, gammas, tokens, drafters=("model",)):
             for prompt in prompts:
                 ar = explorer.decode("autoregressive", models, prompt, max_new_tokens=tokens)
                 spec = explorer.decode("speculative", models, prompt, max_new_tokens=tokens, gamma=gamma,
-                                       drafter=drafter)
+                                       drafter=drafter, draft_confidence=cut)
                 assert spec.token_ids == ar.token_ids, prompt
                 ar_s, spec_s = ar_s + ar.stats["wall_s"], spec_s + spec.stats["wall_s"]
                 per_prompt.append(ar.stats["wall_s"] / spec.stats["wall_s"])
@@ -76,7 +78,8 @@ def speculative_table(models, prompts, gammas, tokens, drafters=("model",)):
                 target_s += ar.stats["target_forward_s"]
                 target_n += ar.stats["target_forward_passes"]
             c = (draft_s / draft_n) / (target_s / target_n) if draft_n else float("nan")
-            print(f"| {drafter} | {gamma} | {new / passes:.2f} | {accepted / max(1, proposed):.3f} | {c:.3f} | "
+            shown = f"up to {gamma}, cut below {cut}" if cut else str(gamma)
+            print(f"| {drafter} | {shown} | {new / passes:.2f} | {accepted / max(1, proposed):.3f} | {c:.3f} | "
                   f"{ar_s / spec_s:.2f}x | {statistics.median(per_prompt):.2f}x "
                   f"[{min(per_prompt):.2f}, {max(per_prompt):.2f}] |")
 
@@ -180,7 +183,8 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=12)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--gammas", default="1,2,3,4,6")
+    ap.add_argument("--gammas", default="1,2,3,4,6",
+                    help="comma list; 6@0.15 = up to 6 drafts, cut where the draft's probability falls below 0.15")
     ap.add_argument("--block", type=int, default=8)
     ap.add_argument("--samples", action="store_true", help="print twelve outputs of AR and diffusion")
     ap.add_argument("--cache", default=None, help="diffusion KV cache for the diffusion rows (none|prefix|dual)")
@@ -199,7 +203,7 @@ def main() -> None:
     models = explorer.load_models("smollm2-135m", device="cpu")
     prompts = heldout(args.limit)
     print(f"torch threads {args.threads}; cpu: {cpu_name()}; smollm2-135m loaded in {time.time() - start:.0f} s")
-    gammas = [int(g) for g in args.gammas.split(",")]
+    gammas = args.gammas.split(",")
     drafters = args.drafters.split(",")
     if "spec" not in skip:
         speculative_table(models, prompts, gammas, args.tokens, drafters=drafters)

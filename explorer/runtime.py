@@ -38,6 +38,9 @@ class Preset:
     diffusion: str | None = None
     chat: bool = False  # apply the tokenizer's chat template to prompts
     gamma: int = 4
+    # a chain's draft stops once its probability under the drafter falls below this (None: always gamma drafts);
+    # applies where a decode names neither gamma nor draft_confidence nor a tree, and drafts with the preset's drafter
+    draft_confidence: float | None = None
     early_exit_layers: int | None = None
     diffusion_from: str | None = None  # another preset whose diffusion model (and tokenizer) is borrowed
     assistant: str | None = None  # a drafter that reads the target's hidden states (an EAGLE head)

@@ -75,6 +75,11 @@ BAD_API = [  # (method, prompt, options, the message that names the check)
     ("diffusion", "abc", {"max_new_tokens": 16, "threshold": 1.5}, r"threshold must be in \(0, 1\] \(got 1.5\)"),
     ("diffusion", "abc", {"max_new_tokens": 16, "remasking": "sometimes"}, "unknown remasking 'sometimes'"),
     ("autoregressive", "abc", {"beam_width": 3}, "unknown option.*beam_width"),
+    ("speculative", "abc", {"draft_confidence": 0.0}, r"draft_confidence must be in \(0, 1\] \(got 0.0\)"),
+    ("speculative", "abc", {"draft_confidence": 1.5}, r"draft_confidence must be in \(0, 1\] \(got 1.5\)"),
+    ("speculative", "abc", {"draft_confidence": 0.5, "drafter": "prompt_lookup"},
+     "draft_confidence needs a drafter that gives a distribution"),
+    ("speculative", "abc", {"draft_confidence": 0.5, "tree": "2,1"}, "draft_confidence cuts a chain"),
 ]
 
 

@@ -172,17 +172,22 @@ def joint_tokens_2_3(models, prompt):
     return joint
 
 
-def sample_tokens_2_3(models, prompt, tree=None):
+def sample_tokens_2_3(models, prompt, tree=None, lengths=None, **options):
     """x1 is the prefill's own token (the head has no features before it); x2, x3 come from drafts of a chain of
-    2, or of a token tree of shape ``tree`` (test_eagle_tree.py)."""
+    2, or of a token tree of shape ``tree`` (test_eagle_tree.py). ``lengths`` collects each decode's first draft's
+    length."""
     counts, accepted, rejected = np.zeros((VOCAB, VOCAB)), 0, 0
     for seed in range(SAMPLES):
         cfg = DecodeConfig(max_new_tokens=4, temperature=TEMPERATURE, seed=seed, gamma=2, drafter="assistant",
-                           tree=tree)
+                           tree=tree, **options)
         gen = speculative.decode_speculative(models, prompt, cfg)
+        first = lengths is None
         try:
             while True:
                 event = next(gen)
+                if not first and isinstance(event, Proposal) and event.tokens:
+                    lengths.append(len(event.tokens))
+                    first = True
                 if isinstance(event, Verification):
                     accepted += event.accepted
                     rejected += any(not check.accepted for check in event.checks)
@@ -200,6 +205,15 @@ def test_speculative_sampling_with_a_trimmed_eagle_head_is_exact(trimmed):
     counts, accepted, rejected = sample_tokens_2_3(trimmed, prompt)
     assert accepted > SAMPLES / 4 and rejected > SAMPLES / 4, "both rules must be exercised"
     assert chi_square_p(counts, joint) > 1e-3
+
+
+def test_an_eagle_draft_cut_by_its_confidence_keeps_sampling_exact(trimmed):
+    """The head's chain ends once the draft's probability under the head falls below ``draft_confidence``."""
+    prompt, lengths = [1, 2, 3], []
+    cut = 0.65 if trimmed.assistant.fuse_layers else 0.9  # the plain random head is the surer one
+    counts = sample_tokens_2_3(trimmed, prompt, lengths=lengths, draft_confidence=cut)[0]
+    assert 0.2 < lengths.count(1) / len(lengths) < 0.8, "the cut must happen on some drafts and not on others"
+    assert chi_square_p(counts, joint_tokens_2_3(trimmed, prompt)) > 1e-3
 
 
 def test_negative_control_accepting_every_draft_fails(trimmed, monkeypatch):

@@ -75,3 +75,18 @@ def test_before_any_run_no_lane_claims_to_be_decoding():
 
 def said_in(frame: str, method: str) -> str:
     return re.search(rf'data-lane="{method}"><b>[^<]*</b> (.*?)</p>', frame).group(1)
+
+
+def test_a_draft_cut_by_confidence_says_why_it_is_shorter_than_gamma():
+    """A lane that cuts drafts by the drafter's confidence says so where a draft stops short of γ, and only there."""
+    detail = render.lane_detail("speculative", {"drafter": "assistant", "gamma": 6, "draft_confidence": 0.15})
+    assert detail == "assistant (reads the target's features) drafter, γ ≤ 6, cut below 0.15"
+    short = Proposal(1.0, 0, "eagle", 6, (1, 2), (0.6, 0.5), 0.01, 2)
+    view = render.LaneView("speculative", [short], "p", piece, 8, detail=detail)
+    assert said([view]) == (f"Step 1: the assistant drafter proposed <code>a</code> {B} and stopped there, short of "
+                            "γ = 6: its probability of the whole draft fell below 0.15; the target will check all 2 "
+                            "in <b>one</b> pass.")
+    full = Proposal(1.0, 0, "eagle", 2, (1, 2), (0.6, 0.5), 0.01, 2)  # all the drafts asked for: nothing to explain
+    assert "stopped" not in said([render.LaneView("speculative", [full], "p", piece, 8, detail=detail)])
+    plain = render.lane_detail("speculative", {"drafter": "assistant", "gamma": 6, "draft_confidence": None})
+    assert "stopped" not in said([render.LaneView("speculative", [short], "p", piece, 8, detail=plain)])

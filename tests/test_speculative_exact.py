@@ -17,6 +17,7 @@ from scipy import stats
 import explorer
 from explorer.decoding import acceptance, speculative
 from explorer.decoding.config import DecodeConfig
+from explorer.decoding.events import Proposal
 from explorer.models import Models, Preset, build_random_llama
 
 PROMPTS = ["def parse(line):", "import os\n", "x = [i * i for i", "class A:\n    def", "Hello, world",
@@ -127,18 +128,27 @@ def exact_two_token_distribution(models, prompt_ids):
     return joint / joint.sum()
 
 
-def sample_two_tokens(models, prompt_ids, vocab=VOCAB, samples=SAMPLES, temperature=TEMPERATURE, top_k=TOP_K):
-    """Counts (vocab, vocab) of the first two tokens of ``samples`` seeded speculative decodes."""
+def sample_two_tokens(models, prompt_ids, vocab=VOCAB, samples=SAMPLES, temperature=TEMPERATURE, top_k=TOP_K,
+                      lengths=None, new_tokens=2, **options):
+    """Counts (vocab, vocab) of the first two tokens of ``samples`` seeded speculative decodes (``options``: more
+    DecodeConfig fields; ``lengths``: a list that collects the first proposal's length of each; with ``new_tokens``
+    = 2 the first draft is one token, with 3 it may be two)."""
     counts = np.zeros((vocab, vocab))
     for seed in range(samples):
-        cfg = DecodeConfig(max_new_tokens=2, temperature=temperature, top_k=top_k, seed=seed, gamma=2)
+        cfg = DecodeConfig(max_new_tokens=new_tokens, temperature=temperature, top_k=top_k, seed=seed, gamma=2,
+                           **options)
         gen = speculative.decode_speculative(models, prompt_ids, cfg)
+        first = None
         try:
             while True:
-                next(gen)
+                event = next(gen)
+                if first is None and isinstance(event, Proposal):
+                    first = len(event.tokens)
         except StopIteration as stop:
-            x1, x2 = stop.value.tokens
+            x1, x2 = stop.value.tokens[:2]
         counts[x1, x2] += 1
+        if lengths is not None:
+            lengths.append(first)
     return counts
 
 
@@ -169,6 +179,45 @@ def test_negative_control_without_residual_distribution_fails(small_vocab_models
     joint = exact_two_token_distribution(small_vocab_models, prompt_ids)
     counts = sample_two_tokens(small_vocab_models, prompt_ids)
     assert chi_square_p(counts, joint) < 1e-3
+
+
+def test_a_draft_cut_by_the_drafters_confidence_keeps_sampling_exact(small_vocab_models):
+    """``draft_confidence`` ends a draft once its probability under the draft falls below it: a rule on the draft's
+    own output, so the tokens are still the target's. Both paths are exercised: drafts of 1 (cut) and of 2."""
+    prompt_ids, lengths = [1, 2, 3], []
+    joint = exact_two_token_distribution(small_vocab_models, prompt_ids)
+    counts = sample_two_tokens(small_vocab_models, prompt_ids, lengths=lengths, new_tokens=3,
+                               draft_confidence=0.3)
+    assert 0.2 < lengths.count(1) / len(lengths) < 0.8, "the cut must happen on some drafts and not on others"
+    assert chi_square_p(counts, joint) > 1e-3
+
+
+@pytest.mark.parametrize("drafter", ["model", "early_exit", "assistant"])
+def test_greedy_speculative_with_a_confidence_cut_equals_autoregressive(random_models, drafter):
+    cut = False
+    for prompt in PROMPTS[:4]:
+        ar = explorer.decode("autoregressive", random_models, prompt, max_new_tokens=24)
+        spec = explorer.decode("speculative", random_models, prompt, max_new_tokens=24, gamma=6, drafter=drafter,
+                               draft_confidence=0.3)
+        assert spec.token_ids == ar.token_ids
+        cut |= any(len(e.tokens) < 6 for e in spec.events if isinstance(e, Proposal) and e.tokens)
+    assert cut, "no draft was ever cut"
+
+
+def test_the_presets_draft_confidence_applies_only_to_its_own_chain(random_models):
+    """A decode that names neither γ nor draft_confidence drafts the preset's way; naming γ asks for that chain."""
+    from dataclasses import replace
+
+    from explorer.decoding.api import make_config
+
+    models = replace(random_models, preset=replace(random_models.preset, draft_confidence=0.4))
+    assert make_config("speculative", models, {}).draft_confidence == 0.4
+    assert make_config("speculative", models, {"gamma": 3}).draft_confidence is None
+    assert make_config("speculative", models, {"draft_confidence": None}).draft_confidence is None
+    assert make_config("speculative", models, {"draft_confidence": 0.2}).draft_confidence == 0.2
+    assert make_config("speculative", models, {"tree": "2,1"}).draft_confidence is None
+    other = "early_exit" if models.preset.drafter != "early_exit" else "model"
+    assert make_config("speculative", models, {"drafter": other}).draft_confidence is None
 
 
 def test_adaptive_gamma_keeps_greedy_output_and_changes_gamma(random_models):

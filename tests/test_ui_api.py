@@ -256,18 +256,35 @@ def test_audit_tab_gives_the_same_report_as_the_api_and_cli(client, random_model
 
 def test_the_drafter_gamma_and_diffusion_controls_follow_the_preset():
     """The controls start at the default preset's own values and change with the preset: its drafters (the
-    ones it can run, its own selected), its γ, and the diffusion steps and blocks it was measured with."""
+    ones it can run, its own selected), its γ and where its draft stops, and the diffusion steps and blocks it was
+    measured with."""
     start = lane_settings.preset_settings("smollm2-135m")
     smollm2 = explorer.models.PRESETS["smollm2-135m"]
     assert (start.drafter, start.gamma, start.tokens_per_step, start.blocks, start.threshold) == (
         "assistant", smollm2.gamma, 1, 8, smollm2.diffusion_threshold)
-    info, drafter, gamma, per_step, blocks, threshold = lane_settings.describe_preset("random-tiny", progress=None)
+    assert start.draft_confidence == smollm2.draft_confidence > 0
+    info, drafter, gamma, per_step, blocks, threshold, cut = lane_settings.describe_preset("random-tiny",
+                                                                                           progress=None)
     preset = explorer.load_models("random-tiny", device="cpu").preset
     assert "random-tiny" in info and "assistant" in drafter["choices"] and drafter["value"] == preset.drafter
     assert (gamma["value"], per_step["value"], blocks["value"], threshold["value"]) == (
         preset.gamma, preset.diffusion_tokens_per_step, preset.diffusion_blocks, preset.diffusion_threshold)
+    assert cut["value"] == (preset.draft_confidence or 0.0)
     info, drafter, *_ = lane_settings.describe_preset("tiny", progress=None)
     assert "assistant" not in drafter["choices"]
+
+
+def test_the_draft_confidence_control_cuts_the_speculative_lanes_drafts(client, random_models):
+    """The sidebar's draft-confidence slider reaches the decoder: the lane's tokens are the decode's with that cut
+    (its drafts shorter than γ), and 0 means a full chain even where the preset has a cut of its own."""
+    cut = tuple(dataclasses.replace(BASE, max_new_tokens=16, draft_confidence=0.3).as_inputs())
+    final = client.predict(PROMPT, "random-tiny", ["speculative"], *cut, 1.0, api_name="/run")
+    expected, full = (explorer.decode("speculative", random_models, PROMPT, max_new_tokens=16, seed=0, gamma=4,
+                                      drafter="model", draft_confidence=c) for c in (0.3, None))
+    assert expected.stats["proposed"] < full.stats["proposed"], "the cut must shorten some drafts"
+    lane = final[RESULT]["speculative"]
+    assert lane["token_ids"] == expected.token_ids and lane["stats"]["proposed"] == expected.stats["proposed"]
+    assert lane_settings.Settings(max_new_tokens=8).options("speculative")["draft_confidence"] is None
 
 
 def test_the_tree_control_runs_a_token_tree_in_the_speculative_lane(client, random_models):

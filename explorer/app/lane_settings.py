@@ -55,6 +55,7 @@ class Settings:
     cache: str = DEFAULT_CACHE  # diffusion KV cache (and the diffusion drafter's)
     flags: tuple[str, ...] = tuple(name for name in FLAG_FIELDS if getattr(DecodeConfig, name))
     tree: str = ""  # speculative: a token tree ("3,2,1", "dynamic:16"); empty: a chain
+    draft_confidence: float = 0.0  # speculative: stop a chain's draft below this probability (0: off)
 
     @classmethod
     def from_values(cls, values: list[Any] | tuple[Any, ...]) -> Settings:
@@ -80,6 +81,8 @@ class Settings:
             options.update(gamma=int(self.gamma), drafter=self.drafter, adaptive_gamma=bool(self.adaptive_gamma))
             if (self.tree or "").strip():
                 options["tree"] = self.tree.strip()
+            else:  # a chain: cut where the draft gets unlikely (given even when off, so the preset's is not used)
+                options["draft_confidence"] = float(self.draft_confidence) or None
             if self.drafter == "diffusion":
                 options.update(cache=self.cache)
         if method == "diffusion":
@@ -97,7 +100,8 @@ def preset_settings(name: str = DEFAULT_PRESET) -> Settings:
     threshold."""
     p = PRESETS[parse_preset(name)[0]]  # "smollm2-135m@float32": the preset's own settings
     return Settings(drafter=p.drafter, gamma=p.gamma, tokens_per_step=p.diffusion_tokens_per_step,
-                    blocks=p.diffusion_blocks, threshold=p.diffusion_threshold)
+                    blocks=p.diffusion_blocks, threshold=p.diffusion_threshold,
+                    draft_confidence=p.draft_confidence or 0.0)
 
 
 _WARMED: set[int] = set()
@@ -158,14 +162,14 @@ def describe_models(models: Models) -> str:
 def describe_preset(preset: str, progress: gr.Progress = gr.Progress()) -> tuple[Any, ...]:  # noqa: B008
     """The preset's description, and its defaults for the controls that depend on it: the drafters it
     can run (its own selected), its γ, the diffusion steps, blocks and threshold its diffusion model was
-    measured with."""
+    measured with, and where its chain's draft stops."""
     models = load_preset(preset, progress)
     p = models.preset
     drafters = available_drafters(models)
     return (describe_models(models),
             gr.update(choices=drafters, value=p.drafter if p.drafter in drafters else drafters[0]),
             gr.update(value=p.gamma), gr.update(value=p.diffusion_tokens_per_step), gr.update(value=p.diffusion_blocks),
-            gr.update(value=p.diffusion_threshold))
+            gr.update(value=p.diffusion_threshold), gr.update(value=p.draft_confidence or 0.0))
 
 
 def lane_tokenizer(models: Models, method: str) -> Any:

@@ -44,7 +44,7 @@ def _narrate_speculative(view: LaneView) -> str:
         if not drafts:
             return f"Step {passes + 1}{of}: the drafter found nothing to propose; the target makes one token alone."
         return (f"Step {passes + 1}{of}: the {html.escape(drafter_name(view, proposal))} drafter proposed "
-                f"{_quotes(drafts)}; the target will check all {len(drafts)} in <b>one</b> pass.")
+                f"{_quotes(drafts)}{_cut(view, proposal)}; the target will check all {len(drafts)} in <b>one</b> pass.")
     said = [f"the drafter proposed {_quotes(drafts)}; the target checked them in one pass"] if drafts else []
     kept = [c for c in last.checks if c.accepted and c.position < len(last.emitted)]
     sure = [view.piece(c.token) for c in kept if c.accept_prob >= 1]
@@ -69,6 +69,16 @@ def _narrate_speculative(view: LaneView) -> str:
     elif last.bonus is not None:
         said.append(f"nothing was drafted: the target made {_quote(view.piece(last.bonus))} alone")
     return f"Step {passes}{of}: " + "; ".join(said) + f". {len(last.emitted)} token(s) added for one target pass."
+
+
+def _cut(view: LaneView, proposal: Proposal) -> str:
+    """Why a draft is shorter than γ where the lane cuts drafts by the drafter's confidence."""
+    if " cut below " not in view.detail or len(proposal.tokens) >= proposal.gamma or (
+            proposal.tokens and proposal.tokens[-1] == getattr(view.piece, "end_id", None)):  # an end of turn ends it
+        return ""
+    below = view.detail.split(" cut below ")[1].split(",")[0]
+    return (f" and stopped there, short of γ = {proposal.gamma}: its probability of the whole draft fell below "
+            f"{html.escape(below)}")
 
 
 def _narrate_diffusion(view: LaneView) -> str:

@@ -372,6 +372,8 @@ def lane_detail(method: str, config: dict[str, Any]) -> str:
         drafter = config.get("drafter", "model")
         drafter = "assistant (reads the target's features)" if drafter == "assistant" else drafter
         shape = f"tree {config['tree']}" if config.get("tree") else f"γ = {config.get('gamma')}"
+        if config.get("draft_confidence") and not config.get("tree"):
+            shape = f"γ ≤ {config.get('gamma')}, cut below {config['draft_confidence']:g}"
         return f"{drafter} drafter, {shape}"
     if method == "diffusion":
         n = config["max_new_tokens"]

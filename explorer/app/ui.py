@@ -164,6 +164,10 @@ def _build_settings(c: Controls, default_preset: str) -> list[Any]:
     tree = gr.Textbox(d.tree, label="token tree (empty: a chain of γ)", placeholder="3,2,1 or dynamic:16",
                       info="branching per depth, or EAGLE-2's dynamic tree of N nodes; drafters model, early_exit and "
                            "assistant (an EAGLE head), every precision", elem_id="tree")
+    confidence = gr.Slider(0, 0.95, value=d.draft_confidence, step=0.05, label="stop the draft below this "
+                           "probability (0 = always γ)", elem_id="draft-confidence",
+                           info="a chain's draft ends once the drafter's probability of all of it falls below this "
+                                "(EAGLE-2's value of a draft); γ is then the longest draft")
     gr.Markdown("**Diffusion** (K and the block length follow N)")
     per_step = gr.Radio([(f"N/{r}" if r > 1 else "N (one token a pass)", r) for r in TOKENS_PER_STEP],
                         value=d.tokens_per_step, label="steps K (tokens revealed per pass = N/K)",
@@ -180,7 +184,7 @@ def _build_settings(c: Controls, default_preset: str) -> list[Any]:
         control.change(plan_text, [max_new, per_step, blocks], plan, api_visibility="undocumented",
                        show_progress="hidden", queue=False)
     return [max_new, temperature, top_p, seed, drafter, gamma, adaptive, per_step, blocks, remasking, threshold, cache,
-            flags, tree]
+            flags, tree, confidence]
 
 
 def plan_text(max_new_tokens: int, tokens_per_step: int, blocks: int) -> str:
@@ -385,7 +389,8 @@ def _wire(c: Controls, demo: gr.Blocks) -> None:
     c.presenter.change(lambda on: gr.Sidebar(open=not on), c.presenter, c.sidebar, js=PRESENTER_JS,
                        api_visibility="undocumented", queue=False)
     follows = [c.model_info] + [c.settings[SETTING_NAMES.index(n)]
-                                for n in ("drafter", "gamma", "tokens_per_step", "blocks", "threshold")]
+                                for n in ("drafter", "gamma", "tokens_per_step", "blocks", "threshold",
+                                          "draft_confidence")]
     describe = taking_turn(describe_preset, "preset load")  # a load never runs beside a decode
     c.preset.change(describe, c.preset, follows, api_visibility="undocumented", **decode_slot)
     demo.load(describe, c.preset, follows, api_visibility="undocumented", **decode_slot)

@@ -36,7 +36,11 @@ def make_config(method: str, models: Models, options: dict[str, Any]) -> DecodeC
     unknown = sorted(set(options) - known)
     if unknown:
         raise ExplorerError(f"unknown option(s): {', '.join(unknown)}")
-    options = {k: v for k, v in options.items() if v is not None or k in ("top_k", "top_p", "threshold")}
+    options = {k: v for k, v in options.items()
+               if v is not None or k in ("top_k", "top_p", "threshold", "draft_confidence")}
+    if method == "speculative" and not {"gamma", "draft_confidence"} & set(options) and not options.get(
+            "tree") and options.get("drafter", models.preset.drafter) == models.preset.drafter:
+        options["draft_confidence"] = models.preset.draft_confidence  # the preset's chain: its γ is the longest
     if method == "speculative" and "gamma" not in options:
         options["gamma"] = models.preset.gamma
     if method == "speculative" and "drafter" not in options:

@@ -35,6 +35,7 @@ class DecodeConfig:
     max_ngram: int = 3  # prompt lookup
     early_exit_layers: int | None = None
     draft_passes: int = 1  # diffusion drafter: denoiser passes per proposal
+    draft_confidence: float | None = None  # stop a chain's draft once its probability under the drafter is below
     # diffusion
     steps: int | None = None  # default: max_new_tokens (one token revealed per pass)
     block_length: int | None = None  # default: max_new_tokens (one block)
@@ -69,6 +70,9 @@ OPTION_HELP = {
     "max_ngram": "prompt_lookup drafter: the longest n-gram it matches",
     "early_exit_layers": "early_exit drafter: target layers it runs (default: the preset's, else a third)",
     "draft_passes": "diffusion drafter: denoiser passes per draft",
+    "draft_confidence": "speculative: stop a chain's draft once the product of the drafter's probabilities of its "
+                        "tokens (untempered softmax; EAGLE-2's value of a draft) falls below this, in (0, 1]; gamma "
+                        "is then the longest draft; drafters model, early_exit, assistant (default: off)",
     "steps": "diffusion: denoiser passes K, a multiple of the number of blocks, <= N (default: N)",
     "block_length": "diffusion: block length, divides N; blocks are filled left to right (default: N)",
     "remasking": f"diffusion: which predictions a pass keeps: {', '.join(REMASKING)}",
@@ -108,6 +112,13 @@ def validate(method: str, cfg: DecodeConfig) -> None:
         _require(_is_int(cfg.max_ngram) and cfg.max_ngram >= 1, "max_ngram must be >= 1")
         _require(_is_int(cfg.draft_passes) and cfg.draft_passes >= 1,
                  f"draft_passes must be a whole number >= 1 (got {cfg.draft_passes!r})")
+        c = cfg.draft_confidence
+        _require(c is None or (isinstance(c, (int, float)) and not isinstance(c, bool) and 0 < c <= 1),
+                 f"draft_confidence must be in (0, 1] (got {c!r})")
+        _require(c is None or cfg.drafter in TREE_DRAFTERS, f"draft_confidence needs a drafter that gives a "
+                 f"distribution per token ({', '.join(TREE_DRAFTERS)}); the {cfg.drafter} drafter gives none")
+        _require(c is None or parse_tree(cfg.tree) is None, "draft_confidence cuts a chain; a tree has its own shape "
+                 "(turn one of them off)")
         if parse_tree(cfg.tree) is not None:
             _require(cfg.drafter in TREE_DRAFTERS, f"the {cfg.drafter} drafter cannot branch (it gives no distribution "
                      f"per tree node); trees need drafter {', '.join(TREE_DRAFTERS)}")

@@ -18,7 +18,7 @@ from explorer.decoding.config import DRAFTERS, DecodeConfig
 from explorer.decoding.diffusion import denoise, resolve_cache, reveal_schedule, takes_kv_cache
 from explorer.decoding.draft import Draft, Drafter
 from explorer.decoding.registry import family_drafter, offers_assistant
-from explorer.decoding.sampling import sample, warp_logits
+from explorer.decoding.sampling import sample, token_probability, warp_logits
 from explorer.errors import ExplorerError
 from explorer.runtime import Models, check_same_vocabulary, timed_forward
 
@@ -35,7 +35,7 @@ class ModelDrafter:
     def propose(self, tokens: list[int], gamma: int, cfg: DecodeConfig, gen: torch.Generator) -> Draft:
         device = self.model.device
         feed = tokens[self.cache.get_seq_length():]  # everything the draft has not seen yet
-        drafted, rows, seconds = [], [], 0.0
+        drafted, rows, seconds, sure = [], [], 0.0, 1.0
         for _ in range(gamma):
             logits, dt = timed_forward(self.model, torch.tensor([feed], device=device), self.cache, keep=1)
             seconds += dt
@@ -45,6 +45,10 @@ class ModelDrafter:
             rows.append(q)
             if token == self.eos_id:  # nothing after an EOS can be kept
                 break
+            if cfg.draft_confidence is not None:  # EAGLE-2's value of a draft: the product of its probabilities
+                sure *= token_probability(logits[0, -1], token)
+                if sure < cfg.draft_confidence:
+                    break
             feed = [token]
         return Draft(drafted, torch.stack(rows), seconds, len(drafted))
 

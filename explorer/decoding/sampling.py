@@ -8,6 +8,8 @@ Temperature 0 means greedy: the warped distribution is one-hot on the argmax.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -77,3 +79,9 @@ def uniform(generator: torch.Generator) -> float:
 
 def make_generator(seed: int) -> torch.Generator:
     return torch.Generator(device="cpu").manual_seed(seed)
+
+
+def token_probability(logits: torch.Tensor, token: int) -> float:
+    """The untempered softmax probability of ``token`` under ``logits`` (V,): what ``draft_confidence`` multiplies."""
+    logits = logits.float()
+    return math.exp(float(logits[token] - torch.logsumexp(logits, -1)))

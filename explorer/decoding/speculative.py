@@ -64,10 +64,11 @@ def decode_speculative(models: Models, prompt_ids: list[int],
     while len(result.tokens) < cfg.max_new_tokens:
         # 1. draft: up to gamma tokens (never more than fit), each with the distribution q it was drawn from
         remaining = cfg.max_new_tokens - len(result.tokens)
-        draft = drafter.propose(tokens, min(gamma, remaining - 1), cfg, gen) if remaining > 1 else None
+        asked = min(gamma, remaining - 1)  # the drafts this step asks for (a Proposal's gamma)
+        draft = drafter.propose(tokens, asked, cfg, gen) if remaining > 1 else None
         drafted = draft.tokens if draft is not None else []
         if draft is not None:
-            yield from _proposals(draft, step, drafter.name, gamma)
+            yield from _proposals(draft, step, drafter.name, asked)
             result.draft_passes += draft.passes
             result.draft_forward_s += draft.forward_s
         # 2. verify: one target pass over the tokens it has not seen, the drafts included

@@ -49,7 +49,7 @@ from explorer.models import Models
 SWEEPS = ("bench", "gamma", "temperature", "drafter", "drafter_gamma", "diffusion", "cache", "batch", "memory")
 METHOD_OPTIONS = {
     "autoregressive": ("max_new_tokens", "temperature", "seed"),
-    "speculative": ("max_new_tokens", "temperature", "seed", "gamma", "drafter", "cache"),
+    "speculative": ("max_new_tokens", "temperature", "seed", "gamma", "drafter", "cache", "draft_confidence"),
     "diffusion": ("max_new_tokens", "temperature", "seed", "steps", "block_length", "cache", "threshold"),
 }
 GAMMAS = (1, 2, 3, 4, 6, 8)
@@ -93,13 +93,23 @@ class RunConfig:
 # ---------------------------------------------------------------------------------------------
 # requests
 
+def preset_chain(models: Models | None, gamma: int | None, drafter: str) -> tuple[int, float | None, str]:
+    """(γ, draft_confidence, label) of the speculative config a measurement runs: with no γ given and the preset's
+    drafter, the preset's own chain (its γ the longest draft, cut where the draft gets unlikely)."""
+    cut = models.preset.draft_confidence if models is not None and gamma is None and \
+        drafter == models.preset.drafter else None
+    gamma = gamma or (models.preset.gamma if models is not None else 4)
+    shape = f"γ≤{gamma}, cut {cut:g}" if cut else f"γ={gamma}"
+    return gamma, cut, f"speculative[{drafter}, {shape}]"
+
+
 def plain_configs(methods: list[str], s: BenchSettings, models: Models | None = None) -> list[RunConfig]:
     """One config per method, from the settings (the plain bench)."""
     configs = []
     for method in methods:
         if method == "speculative":
-            gamma = s.gamma or (models.preset.gamma if models else 4)
-            configs.append(RunConfig(method, f"speculative[{s.drafter}, γ={gamma}]", {"gamma": gamma}))
+            gamma, cut, label = preset_chain(models, s.gamma, s.drafter)
+            configs.append(RunConfig(method, label, {"gamma": gamma, "draft_confidence": cut}))
         elif method == "diffusion":
             steps = s.steps or s.max_new_tokens
             block = f", block={s.block_length}" if s.block_length else ""

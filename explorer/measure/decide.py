@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from explorer.decoding.api import encode_prompt
-from explorer.measure.bench import BenchSettings, RunConfig, fit_alpha, run_requests
+from explorer.measure.bench import BenchSettings, RunConfig, fit_alpha, preset_chain, run_requests
 from explorer.measure.costs import batch_costs, measured_kv_bytes
 from explorer.measure.metrics import PERCENTILES, percentile, percentile_ci, ratio_ci
 from explorer.measure.workload import PromptSet
@@ -85,7 +85,8 @@ def run_traffic(models: Models, sets: list[PromptSet], s: DecideSettings, label:
     frames = []
     for t in s.temperatures:
         b = bench_settings(models, s, t)
-        configs = [RunConfig(AR, AR), RunConfig(SPEC, f"speculative[{b.drafter}, γ={b.gamma}]", {"gamma": b.gamma})]
+        gamma, cut, label = preset_chain(models, s.gamma, b.drafter)
+        configs = [RunConfig(AR, AR), RunConfig(SPEC, label, {"gamma": gamma, "draft_confidence": cut})]
         frames.append(run_requests(models, sets, configs, b, desc=f"decide{label} T={t:g}"))
     frame = pd.concat(frames, ignore_index=True)
     frame["category"] = frame["prompt_id"].map(groups)

@@ -18,6 +18,7 @@ import plotly.graph_objects as go
 import explorer
 from explorer.decoding.flags import add_model_arguments
 from explorer.errors import ExplorerError
+from explorer.measure.bench import preset_chain
 from explorer.measure.bench_cli import cpu_name, load_average
 from explorer.measure.decide import (
     DecideSettings,
@@ -119,8 +120,9 @@ def header(models: Models, sets: list[PromptSet], s: DecideSettings) -> dict[str
             "precision": str(getattr(models, "precision", None) or models.dtype).replace("torch.", ""),
             "models": "; ".join(f"{k}: {v}" for k, v in models.names.items()),
             "traffic": "; ".join(f"{ps.source} ({len(ps.prompts)} prompts)" for ps in sets),
-            "settings": f"N = {s.max_new_tokens}, T in {list(s.temperatures)}, γ = {s.gamma or models.preset.gamma}, "
-                        f"drafter {s.drafter or models.preset.drafter}, {s.repeats} repeat(s); batch size 1 "
+            "settings": f"N = {s.max_new_tokens}, T in {list(s.temperatures)}, "
+                        f"{preset_chain(models, s.gamma, s.drafter or models.preset.drafter)[2]}, "
+                        f"{s.repeats} repeat(s); batch size 1 "
                         "(one request at a time) unless an engine was given",
             "date (UTC)": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
 

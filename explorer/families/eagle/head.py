@@ -173,8 +173,9 @@ class EagleHead(nn.Module):
             return self.shared["head_linear"](predicted)
         return predicted @ self.shared["head"].T.to(predicted.dtype)
 
-    def full_logits(self, predicted: torch.Tensor) -> torch.Tensor:
-        small = self.kept_logits(predicted)
+    def full_logits(self, predicted: torch.Tensor, small: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits over the whole vocabulary (-inf outside the kept tokens); ``small``: the kept ones, if computed."""
+        small = self.kept_logits(predicted) if small is None else small
         full = small.new_full((*small.shape[:-1], self.full_vocab_size), float("-inf"))
         full[..., self.kept_ids] = small
         return full
@@ -301,14 +302,17 @@ class FeatureDrafter:
             true = self.head.fused(self.feats[None, self.cached:self.known])
             out, cache = self.head.step(ids, true, self.cached, self.cache)
             self.cache, self.cached = cache, self.known  # true positions only: kept
-            predicted, position = out[:, -1:], self.known
+            predicted, position, sure = out[:, -1:], self.known, 1.0
             for i in range(gamma):
-                q = warp_logits(self.head.full_logits(predicted[0, -1]).float(), cfg.temperature, cfg.top_k,
-                                cfg.top_p)
+                small = self.head.kept_logits(predicted[0, -1]).float()
+                logits = self.head.full_logits(None, small)
+                q = warp_logits(logits, cfg.temperature, cfg.top_k, cfg.top_p)
                 token = sample(q, gen)
                 drafted.append(token)
                 rows.append(q)
-                if token == self.eos_id or i == gamma - 1:
+                if cfg.draft_confidence is not None:  # stop where the draft's value (EAGLE-2) falls below it
+                    sure *= math.exp(float(logits[token] - torch.logsumexp(small, -1)))  # the kept tokens' softmax
+                if token == self.eos_id or i == gamma - 1 or sure < (cfg.draft_confidence or 0.0):
                     break
                 predicted, cache = self.head.step(torch.tensor([[token]], device=device), predicted, position, cache)
                 position += 1

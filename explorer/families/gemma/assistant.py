@@ -19,7 +19,7 @@ from torch import nn
 
 from explorer.decoding.config import DecodeConfig
 from explorer.decoding.draft import Draft
-from explorer.decoding.sampling import sample, warp_logits
+from explorer.decoding.sampling import sample, token_probability, warp_logits
 from explorer.errors import ExplorerError
 from explorer.runtime import Models, synchronize
 
@@ -100,7 +100,7 @@ class AssistantDrafter:
         position = torch.tensor([[length - 1]], device=device)
         embed = self.target.get_input_embeddings()
         token = tokens[-1]
-        drafted, rows, seconds = [], [], 0.0
+        drafted, rows, seconds, sure = [], [], 0.0, 1.0
         for _ in range(gamma):
             synchronize(device)
             start = time.perf_counter()
@@ -114,7 +114,9 @@ class AssistantDrafter:
             drafted.append(token)
             rows.append(q)
             hidden = out.last_hidden_state
-            if token == self.eos_id:
+            if cfg.draft_confidence is not None:  # stop where the draft's value (EAGLE-2) falls below it
+                sure *= token_probability(out.logits[0, -1], token)
+            if token == self.eos_id or sure < (cfg.draft_confidence or 0.0):
                 break
         return Draft(drafted, torch.stack(rows), seconds, len(drafted))
 

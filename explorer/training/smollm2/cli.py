@@ -16,6 +16,7 @@ from explorer.training.smollm2.diffusion import train_diffusion
 from explorer.training.smollm2.draft import train_draft
 from explorer.training.smollm2.eagle import FUSE_LAYERS, train_eagle
 from explorer.training.smollm2.export import export
+from explorer.training.smollm2.selfdata import generate_self_data
 from explorer.training.smollm2.store import HISTORY_FOLDER, compact_folder, history_files, restore_from_history
 
 REPO = Path(__file__).resolve().parents[3]  # the shards live in this repository's history (store.py)
@@ -24,7 +25,8 @@ REPO = Path(__file__).resolve().parents[3]  # the shards live in this repository
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m explorer.train smollm2",
                                  description="Train the SmolLM2-135M draft and diffusion partner (CPU, resumable).")
-    ap.add_argument("stage", choices=["restore", "data", "compact", "draft", "eagle", "diffusion", "export"],
+    ap.add_argument("stage", choices=["restore", "data", "compact", "draft", "eagle", "diffusion", "selfdata",
+                                          "export"],
                     help="which stage to run")
     ap.add_argument("--work-dir", type=Path, default=DEFAULT_WORK, help="checkpoints and data (default %(default)s)")
     ap.add_argument("--budget-min", type=float, default=30.0, help="wall-clock budget of this run, in minutes")
@@ -54,6 +56,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="eagle, diffusion: bfloat16 autocast for forward and backward (a CPU with native bf16)")
     ap.add_argument("--certainty", type=float, default=0.0,
                     help="diffusion: weight of certainty forcing (entropy of right guesses; 0 = plain training)")
+    ap.add_argument("--self-mix", type=float, default=0.0,
+                    help="diffusion: fraction of the rows that are the partner's own answers (run selfdata first)")
     ap.add_argument("--lora-rank", type=int, default=16, help="diffusion: LoRA rank")
     ap.add_argument("--lr", type=float, default=None, help="peak learning rate")
     ap.add_argument("--out", type=Path, default=None, help="export: destination (default assets/models/smollm2-135m); "
@@ -96,7 +100,11 @@ def main(argv=None) -> None:
         elif args.stage == "diffusion":
             train_diffusion(work, args.budget_min, rank=args.lora_rank, batch=args.batch or 4,
                             lr=args.lr or 5e-4, seed=args.seed, init_from=args.init_from, bf16=args.bf16,
-                            certainty=args.certainty)
+                            certainty=args.certainty, self_mix=args.self_mix)
+        elif args.stage == "selfdata":
+            if not 0 <= args.part < args.parts:
+                raise ExplorerError(f"--part must be in 0 .. {args.parts - 1} (got {args.part})")
+            print(json.dumps(generate_self_data(work, args.budget_min, part=args.part, parts=args.parts)))
         elif args.stage == "export":
             export(work, args.out, eagle_vocab=args.keep_vocab)
     except ExplorerError as exc:

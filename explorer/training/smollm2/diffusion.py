@@ -23,6 +23,8 @@ from explorer.training.smollm2.common import (
     load_rows,
     load_target,
 )
+from explorer.training.smollm2.selfdata import SELF_FOLDER
+from explorer.training.smollm2.store import load_shard, shard_paths
 
 MASK_TOKEN = "<empty_output>"  # a special token that never occurs in chat answers: reused as [MASK]
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -171,22 +173,34 @@ def load_exported_diffusion(model, mask_vec, folder: Path, rank: int) -> None:
         mask_vec.copy_(load_file(str(folder / "mask_embedding.safetensors"))["mask_embedding"].float())
 
 
-def training_rows(work: Path, certainty: float) -> list[dict]:
+def training_rows(work: Path, certainty: float, self_mix: float = 0.0,
+                  gen: torch.Generator | None = None) -> list[dict]:
+    """The answers a pass over the data trains on: all of them, or with certainty forcing the target's greedy ones;
+    with ``self_mix`` > 0 the partner's own answers (``selfdata``) are that fraction of the rows, the target's
+    greedy answers (a random subset, ``gen``) the rest."""
     rows = load_rows(work)
-    return [r for r in rows if r.get("temperature", 0.0) == 0.0] if certainty > 0 else rows
+    rows = [r for r in rows if r.get("temperature", 0.0) == 0.0] if certainty > 0 else rows
+    if self_mix <= 0:
+        return rows
+    own = [r for path in shard_paths(work / SELF_FOLDER).values() for r in load_shard(path)]
+    want = min(len(rows), int(round(len(own) * (1 - self_mix) / self_mix))) if self_mix < 1 else 0
+    pick = torch.randperm(len(rows), generator=gen)[:want].tolist()
+    return own + [rows[i] for i in pick]
 
 
 def train_diffusion(work: Path, budget_min: float, rank: int = 16, batch: int = 4, lr: float = 5e-4,
                     seed: int = 0, eval_every_s: float = 900.0, min_rows: int = 64,
-                    init_from: Path | None = None, bf16: bool = False, certainty: float = 0.0) -> dict:
+                    init_from: Path | None = None, bf16: bool = False, certainty: float = 0.0,
+                    self_mix: float = 0.0) -> dict:
     """Train (or resume) the diffusion adapter for ``budget_min`` minutes. ``bf16``: forward and backward
     under bfloat16 autocast (worth it only on a CPU with native bf16); the weights and optimizer stay fp32.
     ``certainty`` > 0: certainty forcing (``masked_diffusion_loss``) on the greedy answers only (a sampled
-    answer is uncertain by design), windows anywhere in the answer (``answer_window``)."""
+    answer is uncertain by design), windows anywhere in the answer (``answer_window``). ``self_mix``: that fraction
+    of the rows are the partner's own answers (``selfdata``: self-distillation), the rest the target's."""
     from peft import get_peft_model_state_dict, set_peft_model_state_dict  # deferred: peft (~2.7 s to import)
 
     budget = budget_seconds(budget_min)
-    rows = training_rows(work, certainty)
+    rows = training_rows(work, certainty, self_mix)
     if len(rows) < min_rows:
         raise ExplorerError(f"only {len(rows)} answers in {work / 'data'}; run the data stage first "
                             f"(at least {min_rows} needed)")
@@ -217,6 +231,9 @@ def train_diffusion(work: Path, budget_min: float, rank: int = 16, batch: int = 
                              if k in old})
         progress["init_from"] = str(init_from)
     progress["runs"] += 1
+    if self_mix > 0:
+        progress["self_mix"] = self_mix
+        progress.setdefault("self_from_step", progress["steps"])
     if certainty > 0:
         progress["certainty"] = certainty
         progress.setdefault("certainty_from_step", progress["steps"])
@@ -238,7 +255,7 @@ def train_diffusion(work: Path, budget_min: float, rank: int = 16, batch: int = 
     bar = tqdm(desc="diffusion", total=int(budget), unit="s")
     step_in_run, done = 0, False
     while not done:
-        rows = training_rows(work, certainty)
+        rows = training_rows(work, certainty, self_mix, gen)  # read again each pass: the data may grow meanwhile
         order = torch.randperm(len(rows), generator=gen).tolist()
         for start_i in range(0, len(order) - batch + 1, batch):
             elapsed = time.time() - start

@@ -1,0 +1,93 @@
+"""Stage 3b: the diffusion partner's own answers, for self-distillation (dParallel, Chen et al. 2025).
+
+Certainty forcing on the *target's* greedy answers flattened at about 1.2 tokens per pass (sessions five to
+eight): to commit position j + 1 before j the partner must foresee which of two near-tied tokens the target picks
+at j. Its own answers are made of its own choices, so sharpening it on them asks it only to be sure of what it
+would write anyway. The partner decodes training prompts the way the app runs it (int8 kernels, N = 64, blocks
+of 8, K = N: one position a pass, its most careful schedule), greedy; an answer is kept when the target finds it
+plausible (perplexity under the target at most ``max_ppl``) and it does not loop (distinct 3-grams at least
+``min_distinct``), so the partner is not taught its own repetitions. Shards go to ``work/selfdata`` in the
+compact format of the distillation data (``store.save_compact``), resumable shard by shard.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from explorer.training.smollm2.common import budget_seconds, load_rows, log_event
+from explorer.training.smollm2.store import save_compact, shard_paths
+
+SELF_FOLDER = "selfdata"
+SHARD_ROWS = 32
+
+
+def distinct_3grams(ids: list[int]) -> float:
+    grams = [tuple(ids[i:i + 3]) for i in range(len(ids) - 2)]
+    return len(set(grams)) / len(grams) if grams else 1.0
+
+
+@torch.no_grad()
+def perplexity_under(target, prompt_ids: list[int], answer: list[int]) -> float:
+    """exp of the target's mean negative log-likelihood of ``answer`` after ``prompt_ids``: one pass."""
+    x = torch.tensor([prompt_ids + answer])
+    logits = target(input_ids=x).logits[0, len(prompt_ids) - 1:-1].float()
+    nll = torch.nn.functional.cross_entropy(logits, torch.tensor(answer), reduction="mean")
+    return math.exp(float(nll))
+
+
+def self_prompts(work: Path) -> list[dict]:
+    """Distinct training prompts (from the distillation shards' greedy rows), in a fixed shuffled order."""
+    seen, prompts = set(), []
+    for r in load_rows(work):
+        if r.get("temperature", 0.0) == 0.0 and r["id"] not in seen:
+            seen.add(r["id"])
+            prompts.append({"id": r["id"], "prompt_ids": r["prompt_ids"]})
+    order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(2025)).tolist()
+    return [prompts[i] for i in order]
+
+
+def generate_self_data(work: Path, budget_min: float, part: int = 0, parts: int = 1, max_ppl: float = 8.0,
+                       min_distinct: float = 0.85, tokens: int = 64, block: int = 8) -> dict:
+    """Decode training prompts with the shipped partner until the budget is spent; shard ``k`` holds prompts
+    ``k * 32 .. k * 32 + 31`` of ``self_prompts`` (kept ones only), so parts and resumed runs never overlap."""
+    import explorer  # deferred: the app's loader (the preset at its default precision)
+    from explorer.decoding.config import DecodeConfig
+    from explorer.decoding.diffusion import decode_diffusion
+
+    budget = budget_seconds(budget_min)
+    out = work / SELF_FOLDER
+    out.mkdir(parents=True, exist_ok=True)
+    models = explorer.load_models("smollm2-135m")
+    prompts = self_prompts(work)
+    cfg = DecodeConfig(max_new_tokens=tokens, steps=tokens, block_length=block)
+    done = shard_paths(out)
+    start, made, kept, answer_tokens = time.time(), 0, 0, 0
+    for k in range(part, len(prompts) // SHARD_ROWS, parts):
+        if k in done:
+            continue
+        if time.time() - start > budget:
+            break
+        rows, t_shard, stats = [], time.time(), []
+        for p in prompts[k * SHARD_ROWS:(k + 1) * SHARD_ROWS]:
+            gen = decode_diffusion(models, p["prompt_ids"], cfg)
+            try:
+                while True:
+                    next(gen)
+            except StopIteration as stop:
+                answer = stop.value.tokens
+            made += 1
+            ppl, distinct = perplexity_under(models.target, p["prompt_ids"], answer), distinct_3grams(answer)
+            stats.append([round(ppl, 2), round(distinct, 3), len(answer)])
+            if ppl <= max_ppl and distinct >= min_distinct:
+                rows.append({"id": p["id"], "prompt_ids": p["prompt_ids"], "answer_ids": answer, "temperature": 0.0})
+        save_compact(out / f"shard_{k:05d}.npz", rows)  # even empty: a resumed run skips it
+        kept += len(rows)
+        answer_tokens += sum(len(r["answer_ids"]) for r in rows)
+        log_event(work, "selfdata", shard=k, made=SHARD_ROWS, kept=len(rows), seconds=time.time() - t_shard,
+                  ppl_distinct_len=stats)
+        print(f"shard {k}: kept {len(rows)}/{SHARD_ROWS} in {time.time() - t_shard:.0f} s", flush=True)
+    return {"made": made, "kept": kept, "answer_tokens": answer_tokens, "seconds": time.time() - start}
