@@ -8,6 +8,7 @@ product's warping), with a negative control; a miniature end-to-end run of both 
 import copy
 import importlib.util
 import json
+import shutil
 import types
 
 import numpy as np
@@ -251,6 +252,39 @@ def test_miniature_training_of_both_recipes_exports_files_that_load_and_decode(m
     diff = explorer.decode("diffusion", models, "Tell me about tea.", max_new_tokens=8, steps=8, block_length=4)
     assert diff.stats["target_forward_passes"] == 8 and diff.token_ids
     assert getattr(target.config, "is_causal", True) is not False  # the adapter worked on a copy
+
+    # self-distillation: the partner's own answers, filtered, resumable; then certainty forcing on a mix
+    from explorer.decoding.config import DecodeConfig
+    from explorer.decoding.diffusion import decode_diffusion
+    from explorer.training.smollm2 import selfdata
+    from explorer.training.smollm2.store import load_shard, shard_paths
+
+    first, second = (selfdata.generate_self_data(mini_work, 1, tokens=8, block=4, models=models, shard_rows=1,
+                                                 max_ppl=float("inf"), min_distinct=0.0, max_shards=1)
+                     for _ in range(2))
+    made = shard_paths(mini_work / selfdata.SELF_FOLDER)
+    assert first["shards"] == second["shards"] == 1 and sorted(made) == [0, 1]  # the second run resumed
+    own = [r for path in made.values() for r in load_shard(path)]
+    by_prompt = {tuple(p["prompt_ids"]): p for p in selfdata.self_prompts(mini_work)}
+    for row in own:  # each answer is the partner's own greedy decode of that training prompt, K = N
+        trace = decode_diffusion(models, row["prompt_ids"], DecodeConfig(max_new_tokens=8, steps=8, block_length=4))
+        try:
+            while True:
+                next(trace)
+        except StopIteration as stop:
+            assert stop.value.tokens == row["answer_ids"] and tuple(row["prompt_ids"]) in by_prompt
+    shutil.copytree(mini_work / "data", mini_work / "strict" / "data")  # the same prompts, no shard made yet
+    strict = selfdata.generate_self_data(mini_work / "strict", 1, tokens=8, block=4, models=models, shard_rows=1,
+                                         max_ppl=1.0, max_shards=2)  # no answer is that likely: every one filtered out
+    assert strict["kept"] == 0 and strict["made"] >= 1
+    mixed = smollm2.train_diffusion(mini_work, budget_min=0.01, rank=2, batch=2, min_rows=1, certainty=1.0,
+                                    self_mix=0.5)
+    assert mixed["progress"]["self_mix"] == 0.5 and mixed["progress"]["self_from_step"] == certain["progress"]["steps"]
+    from explorer.training.smollm2.diffusion import training_rows
+
+    rows = training_rows(mini_work, 1.0, 0.5, torch.Generator().manual_seed(0))
+    key = [(tuple(r["prompt_ids"]), tuple(r["answer_ids"])) for r in rows]
+    assert len(rows) == 2 * len(own) and all((tuple(r["prompt_ids"]), tuple(r["answer_ids"])) in key for r in own)
 
 
 def test_certainty_forcing_adds_the_entropy_of_right_guesses_only(mini_work):

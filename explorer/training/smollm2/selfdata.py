@@ -51,28 +51,32 @@ def self_prompts(work: Path) -> list[dict]:
 
 
 def generate_self_data(work: Path, budget_min: float, part: int = 0, parts: int = 1, max_ppl: float = 8.0,
-                       min_distinct: float = 0.85, tokens: int = 64, block: int = 8) -> dict:
-    """Decode training prompts with the shipped partner until the budget is spent; shard ``k`` holds prompts
-    ``k * 32 .. k * 32 + 31`` of ``self_prompts`` (kept ones only), so parts and resumed runs never overlap."""
-    import explorer  # deferred: the app's loader (the preset at its default precision)
+                       min_distinct: float = 0.85, tokens: int = 64, block: int = 8, models=None,
+                       shard_rows: int = SHARD_ROWS, max_shards: int | None = None) -> dict:
+    """Decode training prompts with the shipped partner (``models``: the default preset unless given) until the
+    budget is spent; shard ``k`` holds what was kept of prompts ``k * shard_rows ..`` of ``self_prompts``, so
+    parts and resumed runs never overlap; every run makes at least one shard (and at most ``max_shards``)."""
     from explorer.decoding.config import DecodeConfig
     from explorer.decoding.diffusion import decode_diffusion
 
     budget = budget_seconds(budget_min)
     out = work / SELF_FOLDER
     out.mkdir(parents=True, exist_ok=True)
-    models = explorer.load_models("smollm2-135m")
+    if models is None:
+        import explorer  # deferred: the app's loader (the preset at its default precision)
+
+        models = explorer.load_models("smollm2-135m")
     prompts = self_prompts(work)
     cfg = DecodeConfig(max_new_tokens=tokens, steps=tokens, block_length=block)
     done = shard_paths(out)
-    start, made, kept, answer_tokens = time.time(), 0, 0, 0
-    for k in range(part, len(prompts) // SHARD_ROWS, parts):
+    start, made, kept, answer_tokens, shards = time.time(), 0, 0, 0, 0
+    for k in range(part, len(prompts) // shard_rows, parts):
         if k in done:
             continue
-        if time.time() - start > budget:
+        if (time.time() - start > budget and shards) or (max_shards is not None and shards >= max_shards):
             break
         rows, t_shard, stats = [], time.time(), []
-        for p in prompts[k * SHARD_ROWS:(k + 1) * SHARD_ROWS]:
+        for p in prompts[k * shard_rows:(k + 1) * shard_rows]:
             gen = decode_diffusion(models, p["prompt_ids"], cfg)
             try:
                 while True:
@@ -85,9 +89,11 @@ def generate_self_data(work: Path, budget_min: float, part: int = 0, parts: int 
             if ppl <= max_ppl and distinct >= min_distinct:
                 rows.append({"id": p["id"], "prompt_ids": p["prompt_ids"], "answer_ids": answer, "temperature": 0.0})
         save_compact(out / f"shard_{k:05d}.npz", rows)  # even empty: a resumed run skips it
+        shards += 1
         kept += len(rows)
         answer_tokens += sum(len(r["answer_ids"]) for r in rows)
-        log_event(work, "selfdata", shard=k, made=SHARD_ROWS, kept=len(rows), seconds=time.time() - t_shard,
+        log_event(work, "selfdata", shard=k, made=len(stats), kept=len(rows), seconds=time.time() - t_shard,
                   ppl_distinct_len=stats)
-        print(f"shard {k}: kept {len(rows)}/{SHARD_ROWS} in {time.time() - t_shard:.0f} s", flush=True)
-    return {"made": made, "kept": kept, "answer_tokens": answer_tokens, "seconds": time.time() - start}
+        print(f"shard {k}: kept {len(rows)}/{len(stats)} in {time.time() - t_shard:.0f} s", flush=True)
+    return {"shards": shards, "made": made, "kept": kept, "answer_tokens": answer_tokens,
+            "seconds": time.time() - start}
