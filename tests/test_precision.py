@@ -47,6 +47,33 @@ def test_the_linear_kernel_is_row_invariant_for_every_row_count(fmt, shape):
     assert (layer(x) - reference).abs().max() <= tolerance * reference.abs().max()
 
 
+@pytest.mark.parametrize("layout", ["rows", "amx"])
+def test_the_int8_kernel_rounds_activations_to_nearest_even_as_numpy_rint(layout):
+    """Each activation row is scaled so its largest |x| is the 16-bit level and rounded to the nearest integer,
+    ties to even (numpy's rint). A row whose largest |x| is the level is scaled by 1, so x itself is rounded: ties
+    (2.5, -3.5, ...) show the rule. The integer sums are then exact, so the product is known to the last bit."""
+    import numpy as np
+
+    k = kernels.load()
+    if layout == "amx" and not k.has_amx():
+        pytest.skip("no AMX on this CPU")
+    K, level = 64, 32767.0  # a16_level(64): min(32767, 2^31 // (127 * 64))
+    ties = [2.5, 3.5, -2.5, -3.5, 0.5, 1.5, -0.5, 1000.5, 2.4999, 2.5001, -7.75, 12.25]
+    x = torch.zeros(3, K)
+    x[:, 0] = level
+    x[0, 1:1 + len(ties)] = torch.tensor(ties)
+    x[1, 1:] = torch.linspace(-300.5, 300.5, K - 1)
+    x[2, 1:] = torch.arange(1, K) + 0.5
+    w = torch.randint(-127, 128, (40, K), dtype=torch.int8, generator=torch.Generator().manual_seed(3))
+    weights = k.pack_amx(w) if layout == "amx" else w
+    y = k.linear_a16(x, weights, torch.ones(40))
+    q = np.rint(x.numpy()).astype(np.int64)  # ties to even
+    expected = (q @ w.numpy().astype(np.int64).T).astype(np.int32).astype(np.float32)
+    assert np.array_equal(y.numpy(), expected)
+    away = np.floor(np.abs(x.numpy()) + 0.5) * np.sign(x.numpy())  # ties away from zero: a different product
+    assert not np.array_equal(y.numpy(), (away.astype(np.int64) @ w.numpy().astype(np.int64).T).astype(np.float32))
+
+
 def test_negative_control_torch_float32_linear_is_not_row_invariant():
     gen = torch.Generator().manual_seed(0)
     w, x = torch.randn(576, 576, generator=gen), torch.randn(MAX_ROWS, 576, generator=gen)

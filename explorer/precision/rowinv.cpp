@@ -98,10 +98,29 @@ void quantize_rows(const float* x, int64_t M, int64_t K, int64_t Kp, int16_t* xq
   for (int64_t m = 0; m < M; ++m) {
     const float* r = x + m * K;
     float amax = 0.0f;
+#if defined(ROWINV_AVX512)
+    // 16 lanes at a time, the same numbers: a max is a max in any order (a NaN is skipped, as std::max(amax, NaN)
+    // skips it: max_ps returns its second operand when either is NaN), and the rounding is nearbyint's (to
+    // nearest, ties to even) on the same float products
+    __m512 mx = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16)
+      mx = _mm512_max_ps(_mm512_abs_ps(_mm512_maskz_loadu_ps(tail_mask(K - k), r + k)), mx);
+    amax = _mm512_reduce_max_ps(mx);
+    const float inv = amax > 0.0f ? level / amax : 0.0f;
+    xs[m] = amax > 0.0f ? amax / level : 0.0f;
+    const __m512 iv = _mm512_set1_ps(inv);
+    for (int64_t k = 0; k < Kp; k += 16) {
+      const __mmask16 in = k < K ? tail_mask(K - k) : __mmask16(0);
+      const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(in, r + k), iv);
+      const __m512i q = _mm512_cvtps_epi32(_mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      _mm512_mask_cvtsepi32_storeu_epi16(xq + m * Kp + k, tail_mask(Kp - k), q);
+    }
+#else
     for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(r[k]));
     const float inv = amax > 0.0f ? level / amax : 0.0f;
     xs[m] = amax > 0.0f ? amax / level : 0.0f;
     for (int64_t k = 0; k < Kp; ++k) xq[m * Kp + k] = k < K ? int16_t(std::nearbyint(r[k] * inv)) : int16_t(0);
+#endif
   }
 }
 
@@ -218,9 +237,12 @@ void linear_amx_impl(const float* x, int64_t M, int64_t K, const int8_t* packed,
   quantize_rows(x, M, K, Kp, xq.data(), xs.data());
   std::vector<int8_t> hi(Mp * Kp, 0);
   std::vector<uint8_t> lo(Mp * Kp, 0);
-  for (int64_t t = 0; t < M * Kp; ++t) {
-    hi[t] = int8_t(xq[t] >> 8);  // arithmetic shift: floor(x / 256), in [-128, 127]
-    lo[t] = uint8_t(xq[t] & 0xFF);
+  for (int64_t t = 0; t < M * Kp; t += 32) {  // Kp is a multiple of 64: whole vectors of 32
+    // arithmetic shift: floor(x / 256), in [-128, 127]; and the low byte
+    const __m512i v = _mm512_loadu_si512(xq.data() + t);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi.data() + t), _mm512_cvtepi16_epi8(_mm512_srai_epi16(v, 8)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo.data() + t),
+                        _mm512_cvtepi16_epi8(_mm512_and_si512(v, _mm512_set1_epi16(0xFF))));
   }
   const int64_t pairs = (NBK + 1) / 2;
   at::parallel_for(0, pairs, 16, [&](int64_t p0, int64_t p1) {
