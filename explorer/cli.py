@@ -22,7 +22,8 @@ from explorer.measure import bench_cli, decide_cli
 from explorer.models import DEFAULT_PRESET
 
 DECODE_OPTIONS = [f.name for f in fields(DecodeConfig)]  # one flag each: --max-new-tokens ...
-AUDIT_OPTIONS = ["temperature", "top_k", "top_p", "seed", "gamma", "drafter", "max_ngram", "early_exit_layers", "tree"]
+AUDIT_OPTIONS = ["temperature", "top_k", "top_p", "seed", "gamma", "drafter", "max_ngram", "early_exit_layers", "tree",
+                 "draft_confidence"]
 AUDIT_UNUSED = ["max_new_tokens", "adaptive_gamma", "draft_passes"]  # accepted (as ever), not used by the audit
 
 
