@@ -159,7 +159,7 @@ def _build_settings(c: Controls, default_preset: str) -> list[Any]:
     seed = gr.Number(d.seed, precision=0, label="seed")
     gr.Markdown("**Speculative**")
     drafter = gr.Radio(list(DRAFTERS), value=d.drafter, label="drafter")
-    gamma = gr.Slider(1, 16, value=d.gamma, step=1, label="γ (drafts per step)", elem_id="gamma")
+    gamma = gr.Slider(1, 16, value=d.gamma, step=1, label="γ (drafts per step, at most)", elem_id="gamma")
     adaptive = gr.Checkbox(d.adaptive_gamma, label="adaptive γ (+2 after a full acceptance, −1 after a rejection)")
     tree = gr.Textbox(d.tree, label="token tree (empty: a chain of γ)", placeholder="3,2,1 or dynamic:16",
                       info="branching per depth, or EAGLE-2's dynamic tree of N nodes; drafters model, early_exit and "
