@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from explorer.decoding.config import DecodeConfig
+from explorer.decoding.diffusion import decode_diffusion
 from explorer.training.smollm2.common import budget_seconds, load_rows, log_event
 from explorer.training.smollm2.store import save_compact, shard_paths
 
@@ -56,9 +58,6 @@ def generate_self_data(work: Path, budget_min: float, part: int = 0, parts: int 
     """Decode training prompts with the shipped partner (``models``: the default preset unless given) until the
     budget is spent; shard ``k`` holds what was kept of prompts ``k * shard_rows ..`` of ``self_prompts``, so
     parts and resumed runs never overlap; every run makes at least one shard (and at most ``max_shards``)."""
-    from explorer.decoding.config import DecodeConfig
-    from explorer.decoding.diffusion import decode_diffusion
-
     budget = budget_seconds(budget_min)
     out = work / SELF_FOLDER
     out.mkdir(parents=True, exist_ok=True)
