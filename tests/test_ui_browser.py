@@ -141,6 +141,11 @@ def test_phone_reaches_run_and_stop_leaves_no_lane_running(browser, app_url):
     shot(page, "phone.png")
     payload = "x = 1  # <script>alert(1)</script><img src=x onerror=alert(2)>"
     page.fill("#prompt textarea", payload)
+    n = page.locator("#max-new input[type=number]")  # long enough that Stop comes while the lanes still decode
+    n.fill("256")
+    n.press("Tab")
+    page.wait_for_function("document.querySelector('#diffusion-plan').textContent.includes('N = 256')",
+                           timeout=10_000)
     page.click("#run")
     page.wait_for_selector('#lanes .lane[data-status="running"]', timeout=60_000)
     page.wait_for_timeout(300)
