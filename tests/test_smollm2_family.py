@@ -346,6 +346,10 @@ def test_training_cli_rejects_bad_budgets_and_paths(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         smollm2.main(["draft", "--work-dir", str(tmp_path / "empty")])
     assert exc.value.code == 2 and "run the data stage first" in capsys.readouterr().err
+    for mix, message in (("1.5", "--self-mix must be between 0 and 1"), ("0.5", "run the selfdata stage first")):
+        with pytest.raises(SystemExit) as exc:
+            smollm2.main(["diffusion", "--self-mix", mix, "--work-dir", str(tmp_path / "empty")])
+        assert exc.value.code == 2 and message in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------------

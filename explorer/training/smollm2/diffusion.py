@@ -200,6 +200,10 @@ def train_diffusion(work: Path, budget_min: float, rank: int = 16, batch: int = 
     from peft import get_peft_model_state_dict, set_peft_model_state_dict  # deferred: peft (~2.7 s to import)
 
     budget = budget_seconds(budget_min)
+    if not 0 <= self_mix <= 1:
+        raise ExplorerError(f"--self-mix must be between 0 and 1 (got {self_mix})")
+    if self_mix > 0 and not shard_paths(work / SELF_FOLDER):
+        raise ExplorerError(f"no answers of the partner's own in {work / SELF_FOLDER}; run the selfdata stage first")
     rows = training_rows(work, certainty, self_mix)
     if len(rows) < min_rows:
         raise ExplorerError(f"only {len(rows)} answers in {work / 'data'}; run the data stage first "
