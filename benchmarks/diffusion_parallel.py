@@ -24,9 +24,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import explorer  # noqa: E402
-from benchmarks.smollm2_card import distinct_ngram_ratio, heldout  # noqa: E402  (the same held-out prompts)
+from benchmarks.smollm2_card import heldout  # noqa: E402  (the same held-out prompts)
 from explorer.families.smollm2.diffusion_adapter import load_diffusion_adapter  # noqa: E402
-from explorer.measure.workload import score_quality  # noqa: E402
+from explorer.measure.workload import distinct_ngram_ratio, score_quality  # noqa: E402
 from explorer.precision.exact import use_kernels_in_diffusion  # noqa: E402
 
 

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import explorer  # noqa: E402
 from explorer.measure.bench_cli import cpu_name  # noqa: E402
-from explorer.measure.workload import ignoring_eos, score_quality  # noqa: E402
+from explorer.measure.workload import distinct_ngram_ratio, ignoring_eos, score_quality  # noqa: E402
 from explorer.training.prompts import chat_prompts  # noqa: E402
 
 
@@ -39,11 +39,6 @@ def heldout(limit: int) -> list[str]:
     python = [r["prompt"] for r in rows if r["kind"] == "python"]
     general = [r["prompt"] for r in rows if r["kind"] == "general"]
     return [p for pair in zip(python, general, strict=False) for p in pair][:limit]
-
-
-def distinct_ngram_ratio(tokens: list[int], n: int = 3) -> float:
-    grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
-    return len(set(grams)) / len(grams) if grams else float("nan")
 
 
 def speculative_table(models, prompts, gammas, tokens, drafters=("model",)):

@@ -31,7 +31,7 @@ import torch
 from tqdm import tqdm
 
 import explorer
-from explorer.decoding.api import encode_prompt
+from explorer.decoding.api import encode_prompt, make_config
 from explorer.decoding.config import DecodeConfig
 from explorer.decoding.events import Proposal, RefinementStep, TokenStep, Trace, Verification
 from explorer.errors import ExplorerError
@@ -94,11 +94,14 @@ class RunConfig:
 # requests
 
 def preset_chain(models: Models | None, gamma: int | None, drafter: str) -> tuple[int, float | None, str]:
-    """(γ, draft_confidence, label) of the speculative config a measurement runs: with no γ given and the preset's
-    drafter, the preset's own chain (its γ the longest draft, cut where the draft gets unlikely)."""
-    cut = models.preset.draft_confidence if models is not None and gamma is None and \
-        drafter == models.preset.drafter else None
-    gamma = gamma or (models.preset.gamma if models is not None else 4)
+    """(γ, draft_confidence, label) of the speculative config a measurement runs: what ``explorer.decode`` would
+    run with this γ (None: the preset's) and drafter, so with no γ given and the preset's drafter the preset's own
+    chain (its γ the longest draft, cut where the draft gets unlikely: the rule in ``api.make_config``)."""
+    if models is None:
+        gamma, cut = gamma or 4, None
+    else:
+        cfg = make_config("speculative", models, {"drafter": drafter, **({"gamma": gamma} if gamma else {})})
+        gamma, cut = cfg.gamma, cfg.draft_confidence
     shape = f"γ≤{gamma}, cut {cut:g}" if cut else f"γ={gamma}"
     return gamma, cut, f"speculative[{drafter}, {shape}]"
 

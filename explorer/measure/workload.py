@@ -139,6 +139,12 @@ def token_entropy_bits(token_ids: list[int]) -> float:
     return float(-(p * torch.log2(p)).sum())
 
 
+def distinct_ngram_ratio(tokens: list[int], n: int = 3) -> float:
+    """Distinct n-grams over all n-grams of the output (1 = no n-gram repeats); NaN when it has fewer than n tokens."""
+    grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+    return len(set(grams)) / len(grams) if grams else float("nan")
+
+
 @torch.inference_mode()
 def generative_perplexity(judge: torch.nn.Module, context_ids: list[int], output_ids: list[int]) -> float:
     """exp(mean NLL of the output tokens given the context) under the judge; NaN for no output."""

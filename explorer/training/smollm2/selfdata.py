@@ -20,25 +20,12 @@ import torch
 
 from explorer.decoding.config import DecodeConfig
 from explorer.decoding.diffusion import decode_diffusion
+from explorer.measure.workload import distinct_ngram_ratio, generative_perplexity
 from explorer.training.smollm2.common import budget_seconds, load_rows, log_event
 from explorer.training.smollm2.store import save_compact, shard_paths
 
 SELF_FOLDER = "selfdata"
 SHARD_ROWS = 32
-
-
-def distinct_3grams(ids: list[int]) -> float:
-    grams = [tuple(ids[i:i + 3]) for i in range(len(ids) - 2)]
-    return len(set(grams)) / len(grams) if grams else 1.0
-
-
-@torch.no_grad()
-def perplexity_under(target, prompt_ids: list[int], answer: list[int]) -> float:
-    """exp of the target's mean negative log-likelihood of ``answer`` after ``prompt_ids``: one pass."""
-    x = torch.tensor([prompt_ids + answer])
-    logits = target(input_ids=x).logits[0, len(prompt_ids) - 1:-1].float()
-    nll = torch.nn.functional.cross_entropy(logits, torch.tensor(answer), reduction="mean")
-    return math.exp(float(nll))
 
 
 def self_prompts(work: Path) -> list[dict]:
@@ -83,7 +70,9 @@ def generate_self_data(work: Path, budget_min: float, part: int = 0, parts: int 
             except StopIteration as stop:
                 answer = stop.value.tokens
             made += 1
-            ppl, distinct = perplexity_under(models.target, p["prompt_ids"], answer), distinct_3grams(answer)
+            ppl = generative_perplexity(models.target, p["prompt_ids"], answer)
+            distinct = distinct_ngram_ratio(answer)
+            distinct = 1.0 if math.isnan(distinct) else distinct  # under 3 tokens: nothing can loop
             stats.append([round(ppl, 2), round(distinct, 3), len(answer)])
             if ppl <= max_ppl and distinct >= min_distinct:
                 rows.append({"id": p["id"], "prompt_ids": p["prompt_ids"], "answer_ids": answer, "temperature": 0.0})
