@@ -2,13 +2,18 @@
 
     bash scripts/peer_venv.sh        # once: llama-cpp-python built from source in its own venv (~10 min, one core)
     python benchmarks/peer_speed.py [--limit 6] [--tokens 64] [--threads 1,2] [--precisions int8,float32]
+        [--paths avx2,portable] [--spec]
 
 For each thread count, on held-out chat prompts (chat template applied, greedy, ``--tokens`` new tokens, prefill
 included in the time), interleaved per prompt: llama.cpp (llama-cpp-python over SmolLM2-135M-Instruct.Q4_1.gguf,
 the file the default preset dequantizes), the explorer's autoregressive decoder at each precision, and
 transformers' ``generate`` on the float32 target. llama.cpp runs in a worker process of the benchmark venv
 (``~/.cache/decoding-explorer/bench-venv``; it is not a dependency of the app) that answers JSON lines.
-Prints tokens/s (new tokens over wall time, median over prompts) and each engine's time per token over llama.cpp's.
+``--paths`` runs the exact precisions once per kernel path (``EXPLORER_KERNEL_ISA``, switched around each decode:
+the int8 weights' layout is the same on every path but AMX, so run an AMX machine with EXPLORER_NO_AMX=1), and
+``--spec`` adds the preset's speculative decoding (its measured defaults) beside each exact AR row.
+Prints tokens/s (new tokens over wall time, median over prompts) and each engine's time per token over llama.cpp's,
+and each row's speed over the float32 target's and (speculative) over its own autoregressive decoding.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from benchmarks.smollm2_card import heldout  # noqa: E402  (the same held-out pr
 from explorer.decoding.api import encode_prompt  # noqa: E402
 from explorer.measure.bench_cli import cpu_name  # noqa: E402
 from explorer.models import smollm2_gguf_path  # noqa: E402
+from explorer.precision import EXACT, kernels  # noqa: E402
 
 BENCH_PY = Path(os.environ.get("EXPLORER_BENCH_VENV", Path.home() / ".cache/decoding-explorer/bench-venv")) / \
     "bin" / "python"
@@ -57,12 +63,16 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=6)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--threads", default="1,2")
-    ap.add_argument("--precisions", default="int8,float32")
+    ap.add_argument("--precisions", default="int8,float32", help="comma list; 'default' is the preset as loaded")
+    ap.add_argument("--paths", default="", help="kernel paths for the exact precisions (default: this CPU's best)")
+    ap.add_argument("--spec", action="store_true", help="also the preset's speculative decoding at each exact row")
     args = ap.parse_args()
     if not BENCH_PY.exists():
         raise SystemExit(f"error: no benchmark venv at {BENCH_PY.parent.parent}; run bash scripts/peer_venv.sh")
     threads = [int(t) for t in args.threads.split(",")]
-    bundles = {p: explorer.load_models(f"smollm2-135m@{p}") for p in args.precisions.split(",")}
+    # "default": the preset as load_models() gives it (its precision and speculative defaults measured here)
+    bundles = {p: explorer.load_models("smollm2-135m" if p == "default" else f"smollm2-135m@{p}")
+               for p in args.precisions.split(",")}
     fp32 = bundles.get("float32") or explorer.load_models("smollm2-135m@float32")
     worker = subprocess.Popen([str(BENCH_PY), "-c", WORKER, str(smollm2_gguf_path()), args.threads],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -78,8 +88,15 @@ def main() -> None:
         r = json.loads(line)
         return r["seconds"], r["new_tokens"]
 
-    def explorer_ar(models, prompt: str) -> tuple[float, int]:
-        trace = explorer.decode("autoregressive", models, prompt, max_new_tokens=args.tokens)
+    def explorer_run(models, prompt: str, path: str | None, method: str = "autoregressive") -> tuple[float, int]:
+        before = os.environ.get(kernels.ENV)
+        if path:
+            os.environ[kernels.ENV] = path
+        try:
+            trace = explorer.decode(method, models, prompt, max_new_tokens=args.tokens)
+        finally:
+            if path:
+                os.environ.pop(kernels.ENV) if before is None else os.environ.__setitem__(kernels.ENV, before)
         return trace.stats["wall_s"], len(trace.token_ids)
 
     def generate(ids: list[int]) -> tuple[float, int]:
@@ -91,15 +108,23 @@ def main() -> None:
         return time.perf_counter() - start, out.shape[1] - x.shape[1]
 
     prompts = heldout(args.limit)
-    engines = ["llama.cpp Q4_1"] + [f"explorer AR {p}" for p in bundles] + ["transformers generate float32"]
+    paths = [p for p in args.paths.split(",") if p] or [None]
+    runs = {}  # engine label -> (bundle, path, method)
+    for p, models in bundles.items():
+        for path in (paths if models.precision in EXACT else [None]):
+            where = f" ({path})" if path else ""
+            runs[f"explorer AR {p}{where}"] = (models, path, "autoregressive")
+            if args.spec and models.precision in EXACT:
+                runs[f"explorer speculative {p}{where}"] = (models, path, "speculative")
+    engines = ["llama.cpp Q4_1"] + list(runs) + ["transformers generate float32"]
     rows = {(e, t): [] for e in engines for t in threads}
     for t in threads:
         torch.set_num_threads(t)
         for i, prompt in enumerate([prompts[0]] + prompts):  # the first prompt once more, as a warm-up
             ids = list(encode_prompt(fp32.tokenizer, prompt, True)[0])
             results = {"llama.cpp Q4_1": llama(ids, t), "transformers generate float32": generate(ids)}
-            for p, models in bundles.items():
-                results[f"explorer AR {p}"] = explorer_ar(models, prompt)
+            for label, (models, path, method) in runs.items():
+                results[label] = explorer_run(models, prompt, path, method)
             if i > 0:
                 for e, (s, n) in results.items():
                     rows[(e, t)].append((s, n))
@@ -108,13 +133,21 @@ def main() -> None:
     worker.wait(timeout=60)
     print(f"\n## Peer speed on {cpu_name()}, {len(prompts)} held-out chat prompts, {args.tokens} new tokens, greedy, "
           "prefill included, interleaved per prompt")
-    print("| engine | threads | tokens/s (median over prompts) | time per token / llama.cpp's |")
-    print("|---|---|---|---|")
+    print("| engine | threads | tokens/s (median over prompts) | time per token / llama.cpp's | speed / float32 AR "
+          "| speculative / own AR |")
+    print("|---|---|---|---|---|---|")
+
+    def rate(e: str, t: int) -> float:  # tokens over seconds, summed over prompts (a ratio of sums)
+        return sum(n for _, n in rows[(e, t)]) / sum(s for s, _ in rows[(e, t)])
+
     for t in threads:
         base = statistics.median(n / s for s, n in rows[("llama.cpp Q4_1", t)])
+        fp32_label = "explorer AR float32" if "explorer AR float32" in engines else "transformers generate float32"
         for e in engines:
             tps = statistics.median(n / s for s, n in rows[(e, t)])
-            print(f"| {e} | {t} | {tps:.1f} | {base / tps:.2f}x |")
+            own = e.replace("speculative", "AR")
+            spec = f"{rate(e, t) / rate(own, t):.2f}x" if "speculative" in e else ""
+            print(f"| {e} | {t} | {tps:.1f} | {base / tps:.2f}x | {rate(e, t) / rate(fp32_label, t):.2f}x | {spec} |")
 
 
 if __name__ == "__main__":

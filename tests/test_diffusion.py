@@ -234,3 +234,24 @@ def test_the_decode_stops_when_the_answer_has_ended_with_the_same_output(options
     trace = explorer.decode("diffusion", models, prompt, max_new_tokens=64, block_length=8, **options)
     assert trace.token_ids == short.tokens
     assert trace.stats["target_forward_passes"] == len([e for e in trace.events if isinstance(e, RefinementStep)])
+
+
+@pytest.mark.parametrize("bad", ["none", "revealed"])
+def test_a_pass_that_reveals_nothing_raises_within_one_pass_instead_of_hanging(random_models, monkeypatch, bad):
+    from explorer.decoding import diffusion as diffusion_module
+
+    real = diffusion_module.choose_positions
+    calls = []
+
+    def broken(confidence, still, count, threshold):
+        calls.append(1)
+        if len(calls) == 1:
+            return real(confidence, still, count, threshold)  # the first pass is fine
+        if bad == "none":
+            return torch.tensor([], dtype=torch.long)
+        return torch.nonzero(~still).flatten()[:1]  # a position revealed already
+
+    monkeypatch.setattr(diffusion_module, "choose_positions", broken)
+    with pytest.raises(explorer.ExplorerError, match="revealed no masked position") as info:
+        explorer.decode("diffusion", random_models, "abc", max_new_tokens=8, steps=8, block_length=8)
+    assert len(calls) == 2 and "\n" not in str(info.value)

@@ -211,13 +211,6 @@ def test_smollm2_greedy_speculative_equals_autoregressive(smollm2_exact, precisi
 
 # ------------------------------------------------------------------------------------------ choosing a precision
 
-def test_the_default_preset_runs_its_fastest_exact_precision_on_a_cpu():
-    cpu = torch.device("cpu")
-    assert resolve_precision(None, cpu, None, exact_by_default=True) == "int8"
-    assert resolve_precision(None, cpu, "float32", exact_by_default=True) is None  # a dtype asked for: torch's path
-    assert resolve_precision(None, cpu, None, exact_by_default=False) is None  # other presets: float32
-
-
 def test_no_compiler_falls_back_to_float32_with_one_line(monkeypatch, capsys):
     def unavailable():
         raise kernels.KernelUnavailable("no C++ compiler (c++) to build the row-invariant kernel")

@@ -154,6 +154,8 @@ def describe_models(models: Models) -> str:
         precision = f", target precision **{models.precision}** ({exact})"
         if getattr(models.diffusion, "kernel_format", None) is not None:
             precision += f", diffusion model **{models.precision}** on the same kernels"
+    if models.precision_choice is not None:
+        precision += f" — precision {models.precision_choice.line()}"
     return (f"**Preset `{models.preset.name}`** — {models.preset.description}  \n"
             f"Device **{models.device}**, dtype **{dtypes}**{precision}, batch size 1. "
             f"Models: {names}.  \nWeights: {mem}{share}.")

@@ -124,6 +124,7 @@ def build_trace(method: str, models: Models, prompt: str, prompt_ids: list[int],
         "dtype": str(model_dtype(models.diffusion if method == "diffusion" else models.target, models.dtype))
         .replace("torch.", ""),
         "precision": precision_of(method, models),
+        "precision_choice": models.precision_choice.line() if models.precision_choice is not None else None,
         "batch_size": 1,
         "prompt_tokens": len(prompt_ids),
         "prompt_format": prompt_format,

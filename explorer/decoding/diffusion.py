@@ -186,6 +186,9 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig, r
             still = x[0, lo:lo + block_len] == mask_id
             count = schedule[s] if s < len(schedule) else 1
             chosen = choose_positions(confidence, still, count, cfg.threshold)
+            if len(chosen) == 0 or not bool(still[chosen].all()):  # a pass that reveals nothing would loop forever
+                raise ExplorerError(f"diffusion pass {step + 1} (block {block + 1}) revealed no masked position: "
+                                    "the sampler chose none, or an already revealed one")
             x[0, lo + chosen] = tokens[chosen]
             now = time.perf_counter()
             positions = [block * block_len + int(i) for i in chosen]

@@ -31,8 +31,10 @@ from explorer.precision.exact import make_row_invariant, use_kernels_in_diffusio
 
 PRECISIONS = {"float32": None, "float32-exact": "float32", "bfloat16-weights": "bfloat16", "int8": "int8"}
 EXACT = tuple(p for p, fmt in PRECISIONS.items() if fmt is not None)
-# The fastest exact precision on a CPU (benchmarks/precision_speed.py): int8 weights read a quarter of the bytes.
+# The usual fastest exact precision on a CPU (int8 weights read a quarter of the bytes): benchmarks' default. A
+# preset's own default is measured on the machine (``AUTO``: explorer/precision/choice.py).
 FASTEST_EXACT = "int8"
+AUTO = "auto"  # resolve_precision's answer for "measure at load and choose" (models._load_uncached)
 
 
 def parse_preset(name: str) -> tuple[str, str | None]:
@@ -43,16 +45,17 @@ def parse_preset(name: str) -> tuple[str, str | None]:
 
 def resolve_precision(precision: str | None, device: torch.device, dtype: str | torch.dtype | None,
                       exact_by_default: bool) -> str | None:
-    """The precision to apply (None: the dtype path, untouched). Unknown, CUDA or a conflict: ExplorerError."""
+    """The precision to apply (None: the dtype path, untouched; AUTO: measure the exact ones against float32 at load
+    and take the fastest, explorer/precision/choice.py). Unknown, CUDA or a conflict: ExplorerError."""
     if precision is None:
         if not exact_by_default or dtype is not None or device.type != "cpu":
             return None
         try:
             kernels.load()
         except kernels.KernelUnavailable as exc:
-            print(f"explorer: running float32, not the exact {FASTEST_EXACT} precision: {exc}", file=sys.stderr)
+            print(f"explorer: running float32, not an exact precision: {exc}", file=sys.stderr)
             return None
-        return FASTEST_EXACT
+        return AUTO
     if precision not in PRECISIONS:
         raise ExplorerError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
     if PRECISIONS[precision] is None:

@@ -1,19 +1,10 @@
-// Row-invariant kernels for CPU decoding (explorer/precision): Y = X W^T and causal (or token-tree) attention.
+// Row-invariant kernels for CPU decoding (explorer/precision), bound to torch tensors: Y = X W^T, causal (or
+// token-tree) attention, and one Llama decoder layer in two calls. The kernels themselves, and the rule they keep
+// (one fixed sequence of operations per output element whatever the number of rows), are in rowinv_core.h; the SIMD
+// path (AVX-512, AVX2 + FMA, NEON or portable: rowinv_simd.h) is chosen when kernels.py builds this file, and every
+// path gives the same bits. int8 weights can also run on Intel's AMX tiles (below), with the same integers.
 //
-// The rule every kernel here keeps: the arithmetic that produces one output element is one fixed sequence of
-// floating-point operations, whatever the number of rows M in the call. A 4-row verify pass therefore gives
-// each row bit for bit what a one-row pass gives (torch's own kernels pick a matrix-vector path for M = 1 and
-// blocked gemm paths for larger M, which sum in other orders).
-//
-// linear: each output element y[m, n] is sum_k x[m, k] * w[n, k] accumulated in LANES fixed lanes (lane l
-// holds k = l, l + LANES, ...), an FMA per step in increasing k, then one fixed horizontal sum, then (int8) a
-// multiply by the channel's scale. All M rows are computed while a block of weight rows is in cache, so a
-// k-row pass reads the weights once. Weights: float32, bfloat16 (exact upcast) or int8 (one scale per row).
-// attend: each query row attends to exactly its own keys (the prefix plus earlier rows of the pass) with the
-// same dot-product, softmax and weighted-sum sequence as a one-row pass.
-//
-// Built with -ffp-contract=off (no fused operations the source did not write). AVX-512 when the build machine
-// has it (16 lanes), else a portable 16-lane loop: the path is chosen at build time, the same for every M.
+// Built with -ffp-contract=off (no fused operations the source did not write).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -22,196 +13,14 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "rowinv_simd.h"
+#define ROWINV_USE_ATEN 1  // threads split output columns (or attention rows) through torch's pool
+#include "rowinv_core.h"
+
+#if defined(ROWINV_WITH_AMX) && !defined(ROWINV_PATH_AVX512)
+#error "the AMX build is an AVX-512 build"
+#endif
 
 namespace {
-
-// One tile: rows m0 .. m0+mb-1 of X against weight rows n0 .. n0+nb-1. Every accumulator acc[i][j] sees the same
-// sequence of FMAs whatever mb, nb and the neighbours are.
-template <typename W, int mb, int nb>
-void tile(const float* x, int64_t ldx, const W* w, int64_t K, const float* scale, float* y, int64_t ldy,
-          const W* next) {
-  vec acc[mb][nb];
-  for (int i = 0; i < mb; ++i)
-    for (int j = 0; j < nb; ++j) acc[i][j] = zero();
-  for (int64_t k = 0; k < K; k += LANES) {
-    auto m = tail_mask(K - k);
-    if (next != nullptr && (k % 64) == 0)
-      for (int j = 0; j < nb; ++j) prefetch(next + j * K + k);
-    vec wv[nb];
-    for (int j = 0; j < nb; ++j) wv[j] = load_w(w + j * K + k, m);
-    for (int i = 0; i < mb; ++i) {
-      vec xv = load_x(x + i * ldx + k, m);
-      for (int j = 0; j < nb; ++j) acc[i][j] = fma(xv, wv[j], acc[i][j]);
-    }
-  }
-  for (int i = 0; i < mb; ++i)
-    for (int j = 0; j < nb; ++j) {
-      float s = hsum(acc[i][j]);
-      y[i * ldy + j] = scale != nullptr ? s * scale[j] : s;
-    }
-}
-
-template <typename W, int nb>
-void block_rows(const float* x, int64_t M, int64_t K, const W* w, const float* scale, float* y, int64_t N,
-                const W* next) {
-  int64_t m = 0;
-  for (; m + MB <= M; m += MB) tile<W, MB, nb>(x + m * K, K, w, K, scale, y + m * N, N, m == 0 ? next : nullptr);
-  switch (M - m) {
-    case 3: tile<W, 3, nb>(x + m * K, K, w, K, scale, y + m * N, N, m == 0 ? next : nullptr); break;
-    case 2: tile<W, 2, nb>(x + m * K, K, w, K, scale, y + m * N, N, m == 0 ? next : nullptr); break;
-    case 1: tile<W, 1, nb>(x + m * K, K, w, K, scale, y + m * N, N, m == 0 ? next : nullptr); break;
-    default: break;
-  }
-}
-
-template <typename W>
-void linear_impl(const float* x, int64_t M, int64_t K, const W* w, int64_t N, const float* scale, float* y) {
-  const int64_t blocks = (N + NB - 1) / NB;
-  at::parallel_for(0, blocks, 64, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t n0 = b * NB;
-      const int64_t nb = std::min<int64_t>(NB, N - n0);
-      const W* wb = w + n0 * K;
-      const W* next = (b + 1 < b1 && n0 + 2 * NB <= N) ? wb + NB * K : nullptr;
-      const float* sb = scale != nullptr ? scale + n0 : nullptr;
-      switch (nb) {
-        case 4: block_rows<W, 4>(x, M, K, wb, sb, y + n0, N, next); break;
-        case 3: block_rows<W, 3>(x, M, K, wb, sb, y + n0, N, nullptr); break;
-        case 2: block_rows<W, 2>(x, M, K, wb, sb, y + n0, N, nullptr); break;
-        default: block_rows<W, 1>(x, M, K, wb, sb, y + n0, N, nullptr); break;
-      }
-    }
-  });
-}
-
-// ---- int8 weights x 16-bit integer activations: integer sums, exact whatever their order.
-// Each activation row is rounded to integers of at most `level` in magnitude with its own scale, so the int32 sum
-// over k cannot overflow (level * 127 * K < 2^31); y = float(sum) * x_scale[m] * w_scale[n].
-inline int32_t a16_level(int64_t K) {
-  const int64_t cap = (int64_t(2147483647) / (127 * std::max<int64_t>(K, 1)));
-  return int32_t(std::min<int64_t>(32767, cap));
-}
-
-void quantize_rows(const float* x, int64_t M, int64_t K, int64_t Kp, int16_t* xq, float* xs) {
-  const float level = float(a16_level(K));
-  for (int64_t m = 0; m < M; ++m) {
-    const float* r = x + m * K;
-    float amax = 0.0f;
-#if defined(ROWINV_AVX512)
-    // 16 lanes at a time, the same numbers: a max is a max in any order (a NaN is skipped, as std::max(amax, NaN)
-    // skips it: max_ps returns its second operand when either is NaN), and the rounding is nearbyint's (to
-    // nearest, ties to even) on the same float products
-    __m512 mx = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k += 16)
-      mx = _mm512_max_ps(_mm512_abs_ps(_mm512_maskz_loadu_ps(tail_mask(K - k), r + k)), mx);
-    amax = _mm512_reduce_max_ps(mx);
-    const float inv = amax > 0.0f ? level / amax : 0.0f;
-    xs[m] = amax > 0.0f ? amax / level : 0.0f;
-    const __m512 iv = _mm512_set1_ps(inv);
-    for (int64_t k = 0; k < Kp; k += 16) {
-      const __mmask16 in = k < K ? tail_mask(K - k) : __mmask16(0);
-      const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(in, r + k), iv);
-      const __m512i q = _mm512_cvtps_epi32(_mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-      _mm512_mask_cvtsepi32_storeu_epi16(xq + m * Kp + k, tail_mask(Kp - k), q);
-    }
-#else
-    for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(r[k]));
-    const float inv = amax > 0.0f ? level / amax : 0.0f;
-    xs[m] = amax > 0.0f ? amax / level : 0.0f;
-    for (int64_t k = 0; k < Kp; ++k) xq[m * Kp + k] = k < K ? int16_t(std::nearbyint(r[k] * inv)) : int16_t(0);
-#endif
-  }
-}
-
-#if defined(ROWINV_AVX512)
-inline __m512i dp16(__m512i acc, __m512i x, __m512i w) {
-#if defined(__AVX512VNNI__)
-  return _mm512_dpwssd_epi32(acc, x, w);
-#else
-  return _mm512_add_epi32(acc, _mm512_madd_epi16(x, w));
-#endif
-}
-
-// rows m .. m+mb-1 (16-bit, padded to Kp) against nb int8 weight rows; integer sums, so any grouping gives the same.
-template <int mb, int nb>
-void tile_a16(const int16_t* xq, int64_t Kp, const float* xs, const int8_t* w, int64_t K, const float* ws, float* y,
-              int64_t ldy) {
-  __m512i acc[mb][nb];
-  for (int i = 0; i < mb; ++i)
-    for (int j = 0; j < nb; ++j) acc[i][j] = _mm512_setzero_si512();
-  for (int64_t k = 0; k < K; k += 32) {
-    const int64_t n = K - k;
-    const __mmask32 m = n >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << n) - 1u);
-    __m512i wv[nb];
-    for (int j = 0; j < nb; ++j) wv[j] = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m, w + j * K + k));
-    for (int i = 0; i < mb; ++i) {
-      __m512i xv = _mm512_loadu_si512(xq + i * Kp + k);
-      for (int j = 0; j < nb; ++j) acc[i][j] = dp16(acc[i][j], xv, wv[j]);
-    }
-  }
-  for (int i = 0; i < mb; ++i) {
-    int32_t sums[nb];
-    if constexpr (nb == 4) {  // four sums at once (integer sums: any order gives the same)
-      __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(acc[i][0], acc[i][1]),
-                                     _mm512_unpackhi_epi32(acc[i][0], acc[i][1]));
-      __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(acc[i][2], acc[i][3]),
-                                     _mm512_unpackhi_epi32(acc[i][2], acc[i][3]));
-      __m512i u = _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
-      __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(u), _mm512_extracti64x4_epi64(u, 1));
-      __m128i q = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(sums), q);  // lanes: acc0, acc1, acc2, acc3
-    } else {
-      for (int j = 0; j < nb; ++j) sums[j] = _mm512_reduce_add_epi32(acc[i][j]);
-    }
-    for (int j = 0; j < nb; ++j) y[i * ldy + j] = float(sums[j]) * xs[i] * ws[j];
-  }
-}
-
-template <int nb>
-void rows_a16(const int16_t* xq, int64_t M, int64_t Kp, const float* xs, const int8_t* w, int64_t K, const float* ws,
-              float* y, int64_t N) {
-  int64_t m = 0;
-  for (; m + MB <= M; m += MB) tile_a16<MB, nb>(xq + m * Kp, Kp, xs + m, w, K, ws, y + m * N, N);
-  switch (M - m) {
-    case 3: tile_a16<3, nb>(xq + m * Kp, Kp, xs + m, w, K, ws, y + m * N, N); break;
-    case 2: tile_a16<2, nb>(xq + m * Kp, Kp, xs + m, w, K, ws, y + m * N, N); break;
-    case 1: tile_a16<1, nb>(xq + m * Kp, Kp, xs + m, w, K, ws, y + m * N, N); break;
-    default: break;
-  }
-}
-#endif
-
-void linear_i8a16_impl(const float* x, int64_t M, int64_t K, const int8_t* w, int64_t N, const float* ws, float* y) {
-  const int64_t Kp = (K + 31) / 32 * 32;
-  std::vector<int16_t> xq(M * Kp);
-  std::vector<float> xs(M);
-  quantize_rows(x, M, K, Kp, xq.data(), xs.data());
-  const int64_t blocks = (N + NB - 1) / NB;
-  at::parallel_for(0, blocks, 64, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t n0 = b * NB, nb = std::min<int64_t>(NB, N - n0);
-      if (b + 1 < b1)
-        for (int64_t j = 0; j < nb; ++j) prefetch(w + (n0 + NB + j) * K);
-#if defined(ROWINV_AVX512)
-      const int8_t* wb = w + n0 * K;
-      switch (nb) {
-        case 4: rows_a16<4>(xq.data(), M, Kp, xs.data(), wb, K, ws + n0, y + n0, N); break;
-        case 3: rows_a16<3>(xq.data(), M, Kp, xs.data(), wb, K, ws + n0, y + n0, N); break;
-        case 2: rows_a16<2>(xq.data(), M, Kp, xs.data(), wb, K, ws + n0, y + n0, N); break;
-        default: rows_a16<1>(xq.data(), M, Kp, xs.data(), wb, K, ws + n0, y + n0, N); break;
-      }
-#else
-      for (int64_t m = 0; m < M; ++m)
-        for (int64_t j = 0; j < nb; ++j) {
-          int64_t acc = 0;
-          for (int64_t k = 0; k < K; ++k) acc += int64_t(xq[m * Kp + k]) * int64_t(w[(n0 + j) * K + k]);
-          y[m * N + n0 + j] = float(int32_t(acc)) * xs[m] * ws[n0 + j];
-        }
-#endif
-    }
-  });
-}
 
 // ---- the same integer sums on AMX tiles (Intel Sapphire Rapids and later): a 16-bit activation x is split
 // exactly into a signed high byte and an unsigned low byte, x = 256 * hi + lo, so sum_k x w = 256 * sum hi w +
@@ -219,7 +28,7 @@ void linear_i8a16_impl(const float* x, int64_t M, int64_t K, const int8_t* w, in
 // AVX-512 path computes, bit for bit, whatever the number of rows: a verify pass of 17 rows reads each weight
 // tile once and costs little more than one row. Weights are packed once (``pack_amx``) into the tiles' layout:
 // (N/16, K/64, 16, 64) with packed[b][c][r][4n + i] = W[16b + n][64c + 4r + i], zero-padded.
-#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#if defined(ROWINV_WITH_AMX) && defined(__AMX_TILE__) && defined(__AMX_INT8__)
 #define ROWINV_AMX 1
 struct TileConfig {
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
@@ -395,83 +204,17 @@ torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, double s
   const int64_t H = q.size(0), M = q.size(1), D = q.size(2), Hkv = k.size(0), L = k.size(1);
   TORCH_CHECK(H % Hkv == 0 && L >= M && k.size(2) == D && v.sizes() == k.sizes(), "rowinv.attend: bad shapes");
   auto out = torch::empty({M, H, D}, q.options());
-  const float* qp = q.data_ptr<float>();
-  const float* kp = k.data_ptr<float>();
-  const float* vp = v.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  const float sc = static_cast<float>(scaling);
-  const int64_t group = H / Hkv;
-  // each query row's keys, in increasing order: causal, or the rows of ``visible``
-  std::vector<std::vector<int64_t>> keys(M);
   torch::Tensor vis;
   if (visible.has_value()) {
     vis = visible->to(torch::kBool).contiguous();
     TORCH_CHECK(vis.dim() == 2 && vis.size(0) == M && vis.size(1) == L, "rowinv.attend: visible must be (M, L)");
   }
-  for (int64_t i = 0; i < M; ++i) {
-    if (vis.defined()) {
-      const bool* row = vis.data_ptr<bool>() + i * L;
-      for (int64_t j = 0; j < L; ++j)
-        if (row[j]) keys[i].push_back(j);
-    } else {
-      for (int64_t j = 0; j < L - M + i + 1; ++j) keys[i].push_back(j);
-    }
-    TORCH_CHECK(!keys[i].empty(), "rowinv.attend: a query row sees no key");
+  try {
+    attend_impl(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), H, M, D, Hkv, L,
+                static_cast<float>(scaling), vis.defined() ? vis.data_ptr<bool>() : nullptr, out.data_ptr<float>());
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK(false, e.what());
   }
-  // keys transposed, (Hkv, D, Lp) with Lp = L rounded up to 16 lanes: a row's scores come 16 keys at a time,
-  // each score one FMA per d in increasing d (the same sequence for a key whichever 16 it is computed with)
-  const int64_t Lp = (L + LANES - 1) / LANES * LANES;
-  std::vector<float> kt(Hkv * D * Lp, 0.0f);
-  for (int64_t g = 0; g < Hkv; ++g)
-    for (int64_t j = 0; j < L; ++j)
-      for (int64_t d = 0; d < D; ++d) kt[(g * D + d) * Lp + j] = kp[(g * L + j) * D + d];
-  at::parallel_for(0, H * M, 4, [&](int64_t r0, int64_t r1) {
-    std::vector<float> p(Lp), kg(D * LANES);
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t h = r / M, i = r % M;
-      const std::vector<int64_t>& js = keys[i];
-      const int64_t seen = static_cast<int64_t>(js.size());
-      const float* qr = qp + (h * M + i) * D;
-      const float* kh = kt.data() + (h / group) * D * Lp;
-      const float* vh = vp + (h / group) * L * D;
-      float mx = -INFINITY;
-      for (int64_t t = 0; t < seen; t += LANES) {
-        const int64_t n = std::min<int64_t>(LANES, seen - t);
-        auto m = tail_mask(n);
-        const float* base = kh + js[t];
-        int64_t stride = Lp;
-        if (js[t + n - 1] - js[t] != n - 1) {  // not contiguous (a tree's ancestors): gather these keys first
-          for (int64_t d = 0; d < D; ++d)
-            for (int64_t l = 0; l < LANES; ++l) kg[d * LANES + l] = l < n ? kh[d * Lp + js[t + l]] : 0.0f;
-          base = kg.data();
-          stride = LANES;
-        }
-        vec acc = zero();
-        for (int64_t d = 0; d < D; ++d) acc = fma(set1(qr[d]), load_x(base + d * stride, m), acc);
-        store_x(p.data() + t, mul(acc, set1(sc)), m);
-        for (int64_t l = 0; l < n; ++l) mx = p[t + l] > mx ? p[t + l] : mx;
-      }
-      const vec vmx = set1(mx);
-      for (int64_t t = 0; t < seen; t += LANES) {  // 16 keys at a time, in the row's own key order
-        auto m = tail_mask(seen - t);
-        store_x(p.data() + t, exp16(add(load_x(p.data() + t, m), mul(vmx, set1(-1.0f)))), m);
-      }
-      float total = 0.0f;
-      for (int64_t t = 0; t < seen; ++t) total = total + p[t];
-      const float inv = 1.0f / total;
-      float* o = op + (i * H + h) * D;
-      constexpr int64_t DV = 8;  // D <= 128 in 16-lane registers
-      TORCH_CHECK(D <= DV * LANES, "rowinv.attend: head_dim > 128");
-      vec ov[DV];
-      for (int64_t c = 0; c < DV; ++c) ov[c] = zero();
-      for (int64_t t = 0; t < seen; ++t) {
-        const vec pj = set1(p[t] * inv);
-        const float* vr = vh + js[t] * D;
-        for (int64_t c = 0; c * LANES < D; ++c) ov[c] = fma(pj, load_x(vr + c * LANES, tail_mask(D - c * LANES)), ov[c]);
-      }
-      for (int64_t c = 0; c * LANES < D; ++c) store_x(o + c * LANES, ov[c], tail_mask(D - c * LANES));
-    }
-  });
   return out;
 }
 
@@ -484,21 +227,9 @@ torch::Tensor lin(const torch::Tensor& x, const torch::Tensor& w, const c10::opt
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
   const int64_t H = x.size(-1);
   auto x2 = x.reshape({-1, H}).contiguous();
+  auto wc = w.contiguous();
   auto out = torch::empty_like(x2);
-  const float* xp = x2.data_ptr<float>();
-  const float* wp = w.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  for (int64_t m = 0; m < x2.size(0); ++m) {
-    const float* r = xp + m * H;
-    vec acc = zero();
-    for (int64_t k = 0; k < H; k += LANES) {
-      auto mk = tail_mask(H - k);
-      vec xv = load_x(r + k, mk);
-      acc = fma(xv, xv, acc);
-    }
-    const float inv = 1.0f / std::sqrt(hsum(acc) / float(H) + float(eps));
-    for (int64_t k = 0; k < H; ++k) op[m * H + k] = wp[k] * (r[k] * inv);
-  }
+  rms_norm_impl(x2.data_ptr<float>(), x2.size(0), H, wc.data_ptr<float>(), float(eps), out.data_ptr<float>());
   return out.view(x.sizes());
 }
 
@@ -507,7 +238,7 @@ std::vector<torch::Tensor> pre_attention(torch::Tensor x, torch::Tensor ln_w, do
                                          c10::optional<torch::Tensor> qkv_s, torch::Tensor cos, torch::Tensor sin,
                                          int64_t heads, int64_t kv_heads) {
   auto qkv = lin(rms_norm(x, ln_w, eps), qkv_w, qkv_s).contiguous();  // (1, M, (H + 2 Hkv) D)
-  const int64_t M = x.size(1), D = qkv.size(2) / (heads + 2 * kv_heads), half = D / 2;
+  const int64_t M = x.size(1), D = qkv.size(2) / (heads + 2 * kv_heads);
   auto c = cos.reshape({M, D}).contiguous(), sn = sin.reshape({M, D}).contiguous();
   auto q = torch::empty({1, heads, M, D}, x.options());
   auto k = torch::empty({1, kv_heads, M, D}, x.options());
@@ -525,10 +256,7 @@ std::vector<torch::Tensor> pre_attention(torch::Tensor x, torch::Tensor ln_w, do
         std::memcpy(dst, a, D * sizeof(float));
         continue;
       }
-      for (int64_t d = 0; d < D; ++d) {
-        const float rot = d < half ? -a[d + half] : a[d - half];
-        dst[d] = a[d] * cp[m * D + d] + rot * sp[m * D + d];
-      }
+      rotary_impl(a, cp + m * D, sp + m * D, D, dst);
     }
   }
   return {q, k, v};
@@ -545,23 +273,15 @@ torch::Tensor post_attention(torch::Tensor x, torch::Tensor q, torch::Tensor k, 
   auto gu = lin(rms_norm(h, ln_w, eps), gu_w, gu_s).contiguous();  // (1, M, 2I)
   const int64_t I = gu.size(2) / 2;
   auto act = torch::empty({1, M, I}, x.options());
-  const float* g = gu.data_ptr<float>();
-  float* ap = act.data_ptr<float>();
-  for (int64_t m = 0; m < M; ++m)  // SiLU(gate) * up, 16 lanes at a time: gate / (1 + exp(-gate)) * up
-    for (int64_t i = 0; i < I; i += LANES) {
-      auto mk = tail_mask(I - i);
-      const vec gate = load_x(g + m * 2 * I + i, mk), up = load_x(g + m * 2 * I + I + i, mk);
-      const vec one = set1(1.0f);
-      store_x(ap + m * I + i, mul(div(gate, add(one, exp16(mul(gate, set1(-1.0f))))), up), mk);
-    }
+  silu_mul_impl(gu.data_ptr<float>(), M, I, act.data_ptr<float>());
   return h + lin(act, d_w, d_s);
 }
 
 std::string path() {
-#ifdef ROWINV_AVX512
-  return "avx512";
+#ifdef ROWINV_AMX
+  return "amx";
 #else
-  return "portable";
+  return ROWINV_PATH_NAME;
 #endif
 }
 

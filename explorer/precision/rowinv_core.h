@@ -1,0 +1,248 @@
+// The row-invariant kernels on plain arrays (no torch): rowinv.cpp binds them to tensors, rowinv_check.cpp checks
+// their bits per SIMD path without torch (natively, and cross-compiled for aarch64 under qemu).
+//
+// The rule every kernel here keeps: the arithmetic that produces one output element is one fixed sequence of
+// floating-point operations, whatever the number of rows M in the call (and whatever the thread that computes it:
+// threads split output columns or attention rows, never a sum). A 4-row verify pass therefore gives each row bit for
+// bit what a one-row pass gives (torch's own kernels pick a matrix-vector path for M = 1 and blocked gemm paths for
+// larger M, which sum in other orders).
+//
+// With ROWINV_USE_ATEN (rowinv.cpp) ranges are split across torch's threads (at::parallel_for); without it (the check)
+// they run in one thread.
+#pragma once
+#include <stdexcept>
+#include <vector>
+
+#include "rowinv_simd.h"
+
+#ifdef ROWINV_USE_ATEN
+#include <ATen/Parallel.h>
+#endif
+
+namespace {
+
+// fn(b0, b1) over [begin, end): threads split output columns (or attention rows), never a sum, so bits do not change
+template <typename F>
+void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& fn) {
+#ifdef ROWINV_USE_ATEN
+  at::parallel_for(begin, end, grain, fn);
+#else
+  (void)grain;
+  if (begin < end) fn(begin, end);
+#endif
+}
+
+// ---- linear, float / bfloat16 / int8 weights: y[m, n] = sum_k x[m, k] w[n, k] in LANES fixed lanes (lane l holds
+// k = l, l + LANES, ...), an FMA per step in increasing k, one fixed horizontal sum, then (int8) the channel's scale.
+// All M rows are computed while a block of weight rows is in cache, so a k-row pass reads the weights once.
+template <typename W, int mb, int nb>
+void tile(const float* x, int64_t ldx, const W* w, int64_t K, const float* scale, float* y, int64_t ldy,
+          const W* next) {
+  vec acc[mb][nb];
+  for (int i = 0; i < mb; ++i)
+    for (int j = 0; j < nb; ++j) acc[i][j] = zero();
+  for (int64_t k = 0; k < K; k += LANES) {
+    auto m = tail_mask(K - k);
+    if (next != nullptr && (k % 64) == 0)
+      for (int j = 0; j < nb; ++j) prefetch(next + j * K + k);
+    vec wv[nb];
+    for (int j = 0; j < nb; ++j) wv[j] = load_w(w + j * K + k, m);
+    for (int i = 0; i < mb; ++i) {
+      vec xv = load_x(x + i * ldx + k, m);
+      for (int j = 0; j < nb; ++j) acc[i][j] = fma(xv, wv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < mb; ++i)
+    for (int j = 0; j < nb; ++j) {
+      float s = hsum(acc[i][j]);
+      y[i * ldy + j] = scale != nullptr ? s * scale[j] : s;
+    }
+}
+
+template <typename W, int nb>
+void block_rows(const float* x, int64_t M, int64_t K, const W* w, const float* scale, float* y, int64_t N,
+                const W* next) {
+  int64_t m = 0;
+  for (; m + MB <= M; m += MB) tile<W, MB, nb>(x + m * K, K, w, K, scale, y + m * N, N, m == 0 ? next : nullptr);
+  switch (M - m) {
+    case 3: tile<W, 3, nb>(x + m * K, K, w, K, scale, y + m * N, N, m == 0 ? next : nullptr); break;
+    case 2: tile<W, 2, nb>(x + m * K, K, w, K, scale, y + m * N, N, m == 0 ? next : nullptr); break;
+    case 1: tile<W, 1, nb>(x + m * K, K, w, K, scale, y + m * N, N, m == 0 ? next : nullptr); break;
+    default: break;
+  }
+}
+
+template <typename W>
+void linear_impl(const float* x, int64_t M, int64_t K, const W* w, int64_t N, const float* scale, float* y) {
+  const int64_t blocks = (N + NB - 1) / NB;
+  parallel_for(0, blocks, 64, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n0 = b * NB;
+      const int64_t nb = std::min<int64_t>(NB, N - n0);
+      const W* wb = w + n0 * K;
+      const W* next = (b + 1 < b1 && n0 + 2 * NB <= N) ? wb + NB * K : nullptr;
+      const float* sb = scale != nullptr ? scale + n0 : nullptr;
+      switch (nb) {
+        case 4: block_rows<W, 4>(x, M, K, wb, sb, y + n0, N, next); break;
+        case 3: block_rows<W, 3>(x, M, K, wb, sb, y + n0, N, nullptr); break;
+        case 2: block_rows<W, 2>(x, M, K, wb, sb, y + n0, N, nullptr); break;
+        default: block_rows<W, 1>(x, M, K, wb, sb, y + n0, N, nullptr); break;
+      }
+    }
+  });
+}
+
+// ---- int8 weights x 16-bit integer activations: integer sums, exact whatever their order (so the same on every
+// path). Each activation row is rounded to integers of at most a16_level(K) in magnitude with its own scale, so the
+// int32 sum over k cannot overflow; y = float(sum) * x_scale[m] * w_scale[n].
+inline void quantize_rows(const float* x, int64_t M, int64_t K, int64_t Kp, int16_t* xq, float* xs) {
+  const float level = float(a16_level(K));
+  for (int64_t m = 0; m < M; ++m) quantize_row(x + m * K, K, Kp, level, xq + m * Kp, xs + m);
+}
+
+template <int nb>
+void rows_a16(const int16_t* xq, int64_t M, int64_t Kp, const float* xs, const int8_t* w, int64_t K, const float* ws,
+              float* y, int64_t N) {
+  int64_t m = 0;
+  for (; m + MB <= M; m += MB) tile_a16<MB, nb>(xq + m * Kp, Kp, xs + m, w, K, ws, y + m * N, N);
+  switch (M - m) {
+    case 3: tile_a16<3, nb>(xq + m * Kp, Kp, xs + m, w, K, ws, y + m * N, N); break;
+    case 2: tile_a16<2, nb>(xq + m * Kp, Kp, xs + m, w, K, ws, y + m * N, N); break;
+    case 1: tile_a16<1, nb>(xq + m * Kp, Kp, xs + m, w, K, ws, y + m * N, N); break;
+    default: break;
+  }
+}
+
+inline void linear_i8a16_impl(const float* x, int64_t M, int64_t K, const int8_t* w, int64_t N, const float* ws,
+                              float* y) {
+  const int64_t Kp = (K + 31) / 32 * 32;
+  std::vector<int16_t> xq(M * Kp);
+  std::vector<float> xs(M);
+  quantize_rows(x, M, K, Kp, xq.data(), xs.data());
+  const int64_t blocks = (N + NB - 1) / NB;
+  parallel_for(0, blocks, 64, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n0 = b * NB, nb = std::min<int64_t>(NB, N - n0);
+      if (b + 1 < b1)  // the next block's every cache line: its rows are short streams the hardware misses
+        for (int64_t off = 0; off < NB * K; off += 64) prefetch(w + (n0 + NB) * K + off);
+      const int8_t* wb = w + n0 * K;
+      switch (nb) {
+        case 4: rows_a16<4>(xq.data(), M, Kp, xs.data(), wb, K, ws + n0, y + n0, N); break;
+        case 3: rows_a16<3>(xq.data(), M, Kp, xs.data(), wb, K, ws + n0, y + n0, N); break;
+        case 2: rows_a16<2>(xq.data(), M, Kp, xs.data(), wb, K, ws + n0, y + n0, N); break;
+        default: rows_a16<1>(xq.data(), M, Kp, xs.data(), wb, K, ws + n0, y + n0, N); break;
+      }
+    }
+  });
+}
+
+// ---- attention. q (H, M, D), k and v (Hkv, L, D); query row i sits at position L - M + i and sees keys 0 .. L - M + i,
+// or, with ``visible`` (M x L booleans: a token tree's mask), the keys j where visible[i, j]. Either way a row's keys
+// are taken in increasing j, so a tree node over [prefix, its ancestors] sums exactly as the one-row pass over the
+// same keys laid out contiguously. Query head h reads kv head h / (H / Hkv). out (M, H, D).
+inline void attend_impl(const float* qp, const float* kp, const float* vp, int64_t H, int64_t M, int64_t D,
+                        int64_t Hkv, int64_t L, float sc, const bool* visible, float* op) {
+  constexpr int64_t DV = 8;  // D <= 128 in 16-lane registers
+  if (D > DV * LANES) throw std::invalid_argument("rowinv.attend: head_dim > 128");
+  if (H % Hkv != 0 || L < M) throw std::invalid_argument("rowinv.attend: bad shapes");
+  const int64_t group = H / Hkv;
+  std::vector<std::vector<int64_t>> keys(M);  // each query row's keys, in increasing order
+  for (int64_t i = 0; i < M; ++i) {
+    if (visible != nullptr) {
+      for (int64_t j = 0; j < L; ++j)
+        if (visible[i * L + j]) keys[i].push_back(j);
+    } else {
+      for (int64_t j = 0; j < L - M + i + 1; ++j) keys[i].push_back(j);
+    }
+    if (keys[i].empty()) throw std::invalid_argument("rowinv.attend: a query row sees no key");
+  }
+  // keys transposed, (Hkv, D, Lp) with Lp = L rounded up to 16 lanes: a row's scores come 16 keys at a time,
+  // each score one FMA per d in increasing d (the same sequence for a key whichever 16 it is computed with)
+  const int64_t Lp = (L + LANES - 1) / LANES * LANES;
+  std::vector<float> kt(Hkv * D * Lp, 0.0f);
+  for (int64_t g = 0; g < Hkv; ++g)
+    for (int64_t j = 0; j < L; ++j)
+      for (int64_t d = 0; d < D; ++d) kt[(g * D + d) * Lp + j] = kp[(g * L + j) * D + d];
+  parallel_for(0, H * M, 4, [&](int64_t r0, int64_t r1) {
+    std::vector<float> p(Lp), kg(D * LANES);
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t h = r / M, i = r % M;
+      const std::vector<int64_t>& js = keys[i];
+      const int64_t seen = static_cast<int64_t>(js.size());
+      const float* qr = qp + (h * M + i) * D;
+      const float* kh = kt.data() + (h / group) * D * Lp;
+      const float* vh = vp + (h / group) * L * D;
+      float mx = -INFINITY;
+      for (int64_t t = 0; t < seen; t += LANES) {
+        const int64_t n = std::min<int64_t>(LANES, seen - t);
+        auto m = tail_mask(n);
+        const float* base = kh + js[t];
+        int64_t stride = Lp;
+        if (js[t + n - 1] - js[t] != n - 1) {  // not contiguous (a tree's ancestors): gather these keys first
+          for (int64_t d = 0; d < D; ++d)
+            for (int64_t l = 0; l < LANES; ++l) kg[d * LANES + l] = l < n ? kh[d * Lp + js[t + l]] : 0.0f;
+          base = kg.data();
+          stride = LANES;
+        }
+        vec acc = zero();
+        for (int64_t d = 0; d < D; ++d) acc = fma(set1(qr[d]), load_x(base + d * stride, m), acc);
+        store_x(p.data() + t, mul(acc, set1(sc)), m);
+        for (int64_t l = 0; l < n; ++l) mx = p[t + l] > mx ? p[t + l] : mx;
+      }
+      const vec vmx = set1(mx);
+      for (int64_t t = 0; t < seen; t += LANES) {  // 16 keys at a time, in the row's own key order
+        auto m = tail_mask(seen - t);
+        store_x(p.data() + t, exp16(add(load_x(p.data() + t, m), mul(vmx, set1(-1.0f)))), m);
+      }
+      float total = 0.0f;
+      for (int64_t t = 0; t < seen; ++t) total = total + p[t];
+      const float inv = 1.0f / total;
+      float* o = op + (i * H + h) * D;
+      vec ov[DV];
+      for (int64_t c = 0; c < DV; ++c) ov[c] = zero();
+      for (int64_t t = 0; t < seen; ++t) {
+        const vec pj = set1(p[t] * inv);
+        const float* vr = vh + js[t] * D;
+        for (int64_t c = 0; c * LANES < D; ++c) ov[c] = fma(pj, load_x(vr + c * LANES, tail_mask(D - c * LANES)), ov[c]);
+      }
+      for (int64_t c = 0; c * LANES < D; ++c) store_x(o + c * LANES, ov[c], tail_mask(D - c * LANES));
+    }
+  });
+}
+
+// ---- Llama's RMSNorm, row by row: weight * (x * 1/sqrt(mean(x^2) + eps)), the mean a fixed 16-lane sum.
+inline void rms_norm_impl(const float* xp, int64_t rows, int64_t H, const float* wp, float eps, float* op) {
+  for (int64_t m = 0; m < rows; ++m) {
+    const float* r = xp + m * H;
+    vec acc = zero();
+    for (int64_t k = 0; k < H; k += LANES) {
+      auto mk = tail_mask(H - k);
+      vec xv = load_x(r + k, mk);
+      acc = fma(xv, xv, acc);
+    }
+    const float inv = 1.0f / std::sqrt(hsum(acc) / float(H) + eps);
+    for (int64_t k = 0; k < H; ++k) op[m * H + k] = wp[k] * (r[k] * inv);
+  }
+}
+
+// ---- SwiGLU's SiLU(gate) * up for rows of [gate | up] (2I wide), 16 lanes at a time: gate / (1 + exp(-gate)) * up
+inline void silu_mul_impl(const float* g, int64_t rows, int64_t I, float* ap) {
+  for (int64_t m = 0; m < rows; ++m)
+    for (int64_t i = 0; i < I; i += LANES) {
+      auto mk = tail_mask(I - i);
+      const vec gate = load_x(g + m * 2 * I + i, mk), up = load_x(g + m * 2 * I + I + i, mk);
+      const vec one = set1(1.0f);
+      store_x(ap + m * I + i, mul(div(gate, add(one, exp16(mul(gate, set1(-1.0f))))), up), mk);
+    }
+}
+
+// ---- rotary embedding, Llama's half split, on one head vector: dst = a * cos + rotate_half(a) * sin
+inline void rotary_impl(const float* a, const float* cp, const float* sp, int64_t D, float* dst) {
+  const int64_t half = D / 2;
+  for (int64_t d = 0; d < D; ++d) {
+    const float rot = d < half ? -a[d + half] : a[d - half];
+    dst[d] = a[d] * cp[d] + rot * sp[d];
+  }
+}
+
+}  // namespace
