@@ -17,7 +17,6 @@ from explorer.app import hosting, plots
 from explorer.app.handlers import HISTORY_LIMIT, other_family, short_text
 from explorer.app.hosting import gpu
 from explorer.app.lane_settings import Settings, check_inputs, load_preset
-from explorer.app.runs import number
 from explorer.decoding.events import Trace
 from explorer.errors import ExplorerError
 from explorer.measure.metrics import BOOTSTRAP_RESAMPLES, grouped_summary, requests_frame
@@ -126,12 +125,8 @@ def summary_table(summary: pd.DataFrame, by_prompt: bool = False) -> pd.DataFram
         return pd.DataFrame(columns=columns)
     rows = []
     for r in summary.to_dict("records"):
-        setup = [r["method"], f"preset {r['preset']}", f"T={number(r['temperature'])}"]
-        if r["method"] == "speculative":
-            setup[1:1] = [f"{r['drafter']}", f"γ={number(r['gamma'])}"]
-        if r["method"] == "diffusion":
-            setup[1:1] = [f"K={number(r.get('steps'))}", f"block {number(r.get('block_length') or 'N')}"]
-        row = {"setup": " · ".join(str(x) for x in setup)}
+        # every option of the setup (decoding/config.setup_label), so two rows never read alike
+        row = {"setup": f"{r['method']} · {r['setup']} · preset {r['preset']}"}
         if by_prompt:
             row["prompt"] = short_text(r["prompt"], 32)
         row["n"] = f"{r['n']} ⚠" if r["warning"] else str(r["n"])

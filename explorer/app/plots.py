@@ -13,6 +13,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from explorer.decoding.config import setup_label
 from explorer.decoding.events import Proposal, RefinementStep, Trace, Verification
 from explorer.measure.metrics import (
     inter_token_latencies,
@@ -239,15 +240,9 @@ def _latency_samples(trace: Trace) -> dict[str, list[float]]:
 
 
 def setup_of(trace: Trace) -> str:
-    """A lane's setup in words: what must match for two traces' latencies to be pooled."""
-    cfg = trace.config
-    precision = trace.stats.get("precision") or trace.stats.get("dtype")  # int8 on the kernels: float32 tensors
-    bits = [f"T={cfg.get('temperature'):g}", f"N={cfg.get('max_new_tokens')}", str(precision)]
-    if trace.method == "speculative":
-        bits[:0] = [str(cfg.get("drafter")), f"γ={cfg.get('gamma')}"]
-    if trace.method == "diffusion":
-        bits[:0] = [f"K={cfg.get('steps')}", f"block {cfg.get('block_length')}"]
-    return " · ".join(bits)
+    """A lane's setup in words: what must match for two traces' latencies to be pooled (every option of the
+    decode that changes its distribution or cost, and the precision: decoding/config.setup_label)."""
+    return setup_label(trace.method, trace.config, trace.stats.get("precision") or trace.stats.get("dtype"))
 
 
 def _pooled_by_setup(traces: Sequence[Trace]) -> dict[str, dict[str, list[float]]]:

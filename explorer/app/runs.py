@@ -45,7 +45,9 @@ def make_run(number_: int, prompt: str, preset: str, current: dict[str, Any], pl
     return {"number": number_, "prompt": prompt, "preset": preset, "playback": playback,
             "drafter": spec_cfg.get("drafter", "–"), "gamma": spec_cfg.get("gamma", "–"),
             "temperature": cfg.get("temperature"), "precision": precision(traces), "current": current,
-            "table": table, "caption": caption}
+            "table": table, "caption": caption,
+            # every lane's setup (decoding/config.setup_label): runs pool their speedups only when all are equal
+            "setups": tuple(sorted((m, plots.setup_of(t)) for m, t in traces.items()))}
 
 
 def precision(traces: Mapping[str, Trace]) -> str:
@@ -77,7 +79,7 @@ def run_label(run: dict) -> str:
 def setup_key(run: dict) -> tuple:
     """Runs with equal keys measured the same thing (their speedups may be pooled into a spread)."""
     return (run["prompt"], run["preset"], run["drafter"], run["gamma"], run["temperature"], run["precision"],
-            run["playback"])
+            run["playback"], run.get("setups"))
 
 
 def speedup_cell(run: dict, runs: Sequence[dict], method: str = "speculative") -> str:

@@ -83,6 +83,55 @@ OPTION_HELP = {
 }
 
 
+# What a decode's setup is: every option its output distribution or its cost depends on, per method. Measure's rows,
+# the latency plot's series, the run history's pooled speedups and the bench's labels all key on ``setup_label``,
+# so two decodes that differ in any of these are never pooled. Not in a setup: ``seed`` (it picks a sample, not the
+# distribution); every other DecodeConfig field is in at least one method's list (tests/test_setups.py).
+COMMON_SETUP = ("temperature", "top_k", "top_p", "max_new_tokens")
+SETUP_OPTIONS = {
+    "autoregressive": COMMON_SETUP,
+    "speculative": ("drafter", "gamma", "draft_confidence", "tree", "adaptive_gamma", "max_ngram", "early_exit_layers",
+                    "draft_passes") + COMMON_SETUP,
+    "diffusion": ("steps", "block_length", "remasking", "threshold", "cache") + COMMON_SETUP,
+}
+NOT_SETUP = ("seed",)
+# how a setup label names an option (the rest by their own name)
+SETUP_NAMES = {"max_new_tokens": "N", "temperature": "T", "gamma": "γ", "draft_confidence": "cut", "steps": "K",
+               "block_length": "block", "top_k": "top-k", "top_p": "top-p"}
+ALWAYS_SHOWN = ("max_new_tokens", "temperature", "drafter", "gamma", "steps", "block_length")
+
+
+def setup_items(method: str, config: Any, precision: str | None = None) -> tuple[tuple[str, Any], ...]:
+    """(option, value) of every option in ``method``'s setup (``config``: a DecodeConfig or a trace's config dict),
+    then the precision it ran at. Diffusion's steps and block length default to N, as the decoder reads them."""
+    values = config.as_dict() if isinstance(config, DecodeConfig) else dict(config)
+    items = []
+    for name in SETUP_OPTIONS.get(method, COMMON_SETUP):
+        value = values.get(name)
+        if name in ("steps", "block_length") and value is None:
+            value = values.get("max_new_tokens")
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        items.append((name, value))
+    return (*items, ("precision", precision))
+
+
+def setup_label(method: str, config: Any, precision: str | None = None) -> str:
+    """A setup in words, e.g. "model · γ=4 · cut=0.15 · T=0 · N=64 · int8": the options that always matter, then
+    every other one of the setup that is not at its default."""
+    defaults = DecodeConfig().as_dict()
+    bits = []
+    for name, value in setup_items(method, config, precision):
+        if name == "precision":
+            bits.append(str(value) if value is not None else "precision ?")
+        elif name == "drafter":
+            bits.append(str(value))
+        elif name in ALWAYS_SHOWN or value != defaults.get(name):
+            shown = "off" if value is None else f"{value:g}" if isinstance(value, float) else value
+            bits.append(f"{SETUP_NAMES.get(name, name)}={shown}")
+    return " · ".join(bits)
+
+
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 

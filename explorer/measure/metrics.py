@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from explorer.decoding.config import setup_label
 from explorer.decoding.events import Proposal, Trace, Verification
 
 PERCENTILES = (50, 95, 99)
@@ -39,6 +40,8 @@ def request_row(trace: Trace, **extra: object) -> dict[str, object]:
         "gamma": s.get("gamma"),
         "steps": s.get("steps"),
         "temperature": trace.config.get("temperature"),
+        "precision": s.get("precision") or s.get("dtype"),
+        "setup": setup_label(trace.method, trace.config, s.get("precision") or s.get("dtype")),
         "new_tokens": s["new_tokens"],
         "latency_s": s["wall_s"],
         "ttft_s": s["ttft_s"],
@@ -52,7 +55,7 @@ def request_row(trace: Trace, **extra: object) -> dict[str, object]:
         "device": s["device"],
         "dtype": s["dtype"],
         "batch_size": s["batch_size"],
-        **{k: v for k, v in settings.items() if k not in ("drafter", "gamma", "steps", "temperature")},
+        **{k: v for k, v in settings.items() if k not in ("drafter", "gamma", "steps", "temperature", "precision")},
         "text": trace.text,
         **extra,
     }
@@ -141,7 +144,10 @@ def noise_flag(*series: Sequence[float], limit: float = NOISY_SPREAD) -> str:
 # ----------------------------------------------------------------------------------------------
 # honest summaries: grouped by setup (never pooled across it), a spread beside every number
 
-GROUP_KEYS = ("preset", "method", "drafter", "gamma", "temperature", "steps", "block_length")
+# a group is one setup (decoding/config.setup_label: every option that changes the output distribution or the cost,
+# and the precision), never pooled across; these columns, equal within a setup, are kept beside it
+GROUP_KEYS = ("preset", "method", "setup")
+SETUP_COLUMNS = ("drafter", "gamma", "temperature", "steps", "block_length", "precision")
 FEW_SAMPLES = 5  # below this a spread is shown but flagged
 BOOTSTRAP_RESAMPLES = 2000
 
@@ -209,13 +215,19 @@ def grouped_summary(frame: pd.DataFrame, other_family: Iterable[str] = (), by_pr
     frame = frame.copy()
     frame["_spt"] = _seconds_per_token(frame)
     ar = frame[frame["method"] == "autoregressive"]
-    ar_keys = ["preset", "temperature"] + (["prompt"] if by_prompt else [])
+    # the reference: autoregressive rows of the same preset, temperature and precision (never a ratio across them)
+    ar_keys = [k for k in ("preset", "temperature", "precision") if k in frame.columns] + \
+        (["prompt"] if by_prompt else [])
     references = {k if isinstance(k, tuple) else (k,): g["_spt"].tolist()
                   for k, g in ar.groupby(ar_keys, sort=False, dropna=False)} if not ar.empty else {}
     other = set(other_family)
     rows = []
     for key, group in frame.groupby(keys, sort=False, dropna=False):
         row = _group_label(key if isinstance(key, tuple) else (key,), keys)
+        for col in SETUP_COLUMNS:  # equal within a setup
+            if col in group.columns and col not in row:
+                value = group[col].iloc[0]
+                row[col] = None if value is pd.NA or isinstance(value, float) and np.isnan(value) else value
         n = len(group)
         row["n"] = n
         row["warning"] = f"only {n} sample(s): spread unreliable" if n < FEW_SAMPLES else ""
@@ -239,7 +251,7 @@ def grouped_summary(frame: pd.DataFrame, other_family: Iterable[str] = (), by_pr
             speedup = ratio_ci(ref, group["_spt"])
         else:
             speedup = (np.nan, np.nan, np.nan)
-            row["speedup_note"] = "no autoregressive run with the same preset and temperature to compare with"
+            row["speedup_note"] = "no autoregressive run of the same preset, temperature and precision to compare with"
         row["speedup"], row["speedup_lo"], row["speedup_hi"] = speedup
         rows.append(row)
     return pd.DataFrame(rows)

@@ -1,0 +1,72 @@
+"""One description of what a decode's setup is (decoding/config.SETUP_OPTIONS, setup_label): Measure's rows, the
+latency plot's series and the run history's pooled speedups all key on it, so two decodes that differ in any option
+that changes the output distribution or the cost (or in precision) are never pooled. The tests iterate the options
+themselves: a new DecodeConfig field is covered the moment it exists, or fails the first test until it is placed."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import explorer
+from explorer.app import plots, runs
+from explorer.decoding.config import METHODS, NOT_SETUP, SETUP_OPTIONS, DecodeConfig, setup_label
+from explorer.measure import metrics
+
+# a second value per option, different from the first trace's
+OTHER = {"max_new_tokens": 9, "temperature": 0.7, "top_k": 5, "top_p": 0.9, "drafter": "prompt_lookup", "gamma": 3,
+         "draft_confidence": 0.4, "tree": "2,1", "adaptive_gamma": True, "max_ngram": 2, "early_exit_layers": 1,
+         "draft_passes": 2, "steps": 4, "block_length": 4, "remasking": "random", "threshold": 0.8, "cache": "prefix"}
+OPTIONS = [(m, o) for m in METHODS for o in SETUP_OPTIONS[m]]
+
+
+def test_every_option_of_a_decode_is_part_of_a_setup_or_named_as_not():
+    fields = {f.name for f in dataclasses.fields(DecodeConfig)}
+    placed = set(NOT_SETUP).union(*SETUP_OPTIONS.values())
+    assert fields - placed == set(), "a DecodeConfig option no setup names: add it to SETUP_OPTIONS or NOT_SETUP"
+    assert placed - fields == set()
+    assert set(OTHER) == set().union(*SETUP_OPTIONS.values())  # this test has a second value for each
+
+
+@pytest.fixture(scope="module")
+def lanes(random_models):
+    return {m: explorer.decode(m, random_models, "abc", max_new_tokens=8) for m in METHODS}
+
+
+def changed(trace, option):
+    config = {**trace.config, option: OTHER[option]}
+    return dataclasses.replace(trace, config=config)
+
+
+@pytest.mark.parametrize("method,option", OPTIONS)
+def test_two_decodes_differing_in_one_option_are_never_pooled(lanes, method, option):
+    a = lanes[method]
+    b = changed(a, option)
+    assert setup_label(method, a.config, "float32") != setup_label(method, b.config, "float32")
+    summary = metrics.grouped_summary(metrics.requests_frame([a, b]))
+    assert len(summary) == 2, f"Measure pooled two {method} setups differing in {option}"
+    assert plots.setup_of(a) != plots.setup_of(b)
+    one = runs.make_run(1, "abc", "random-tiny", {"traces": {method: a}}, "live")
+    two = runs.make_run(2, "abc", "random-tiny", {"traces": {method: b}}, "live")
+    assert runs.setup_key(one) != runs.setup_key(two)
+
+
+def test_the_same_setup_at_another_precision_is_another_row(lanes):
+    a = lanes["speculative"]
+    b = dataclasses.replace(a, stats={**a.stats, "precision": "int8"})
+    assert len(metrics.grouped_summary(metrics.requests_frame([a, b]))) == 2
+
+
+def test_the_seed_picks_a_sample_not_a_setup(lanes):
+    a = lanes["speculative"]
+    b = dataclasses.replace(a, config={**a.config, "seed": 7})
+    summary = metrics.grouped_summary(metrics.requests_frame([a, b]))
+    assert len(summary) == 1 and summary.iloc[0]["n"] == 2
+
+
+def test_a_setup_label_reads_as_words():
+    label = setup_label("speculative", DecodeConfig(drafter="assistant", gamma=6, draft_confidence=0.15), "int8")
+    assert label == "assistant · γ=6 · cut=0.15 · T=0 · N=64 · int8"
+    assert setup_label("diffusion", DecodeConfig(max_new_tokens=32, threshold=0.7), "int8") == \
+        "K=32 · block=32 · threshold=0.7 · T=0 · N=32 · int8"
