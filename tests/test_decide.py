@@ -148,9 +148,60 @@ def test_the_checklist_tab_fills_in_the_tables_and_refuses_bad_input():
 
     verdicts, groups, tail, memory, diffusion, files = decide_tab("tiny", EXAMPLE, None, "0", 8, False)
     assert "code at T = 0" in verdicts and "prose at T = 0" in verdicts and "batch (predicted)" in verdicts
-    assert list(groups["group"])[:2] == ["code at T = 0", "prose at T = 0"] and len(tail) and len(memory)
+    assert list(groups["Group"])[:2] == ["code at T = 0", "prose at T = 0"] and len(tail) and len(memory)
     assert diffusion.empty and [f.rsplit(".", 1)[1] for f in files] == ["json", "html"]
+    assert list(diffusion.columns)[0] == "Setting"  # named columns even when empty, never Gradio's "1 2 3"
     for text, temps, message in (("", "0", "paste prompts"), (EXAMPLE, "hot", "temperatures"),
                                  ("\n".join(["x"] * 30), "0", "at most 24")):
         with pytest.raises(gr.Error, match=message):
             decide_tab("tiny", text, None, temps, 8, False)
+
+
+def test_the_checklist_tables_are_for_people(decided):
+    """Human column names, MiB and %, at most 4 significant digits, intervals as "1.49x [1.17–1.86]", and a caption
+    for the speculative inter-token p50 of 0 ms."""
+    import re
+
+    from explorer.app.decide_tab import interval, sig, tables
+
+    _, result, _ = decided
+    errors, (groups, tail, caption, memory, diffusion) = tables(result)
+    assert errors == []
+    assert "Speedup vs autoregressive" in groups.columns and "drafter_kv_bytes" not in memory.columns
+    for table in (groups, tail, memory, diffusion):
+        for cell in table.astype(str).to_numpy().ravel():
+            for digits in re.findall(r"\d[\d,.]*", cell):
+                assert len(re.sub(r"\D", "", digits).lstrip("0")) <= 4, cell  # no raw bytes, no long fractions
+    assert all(c.endswith("MiB") for c in memory["Drafter KV cache"])
+    assert memory["Drafter's share"].str.endswith("%").all()
+    assert re.fullmatch(r"[\d.]+x \[[\d.]+–[\d.]+\]", groups["Speedup vs autoregressive"].iloc[-1])
+    assert interval(1.4912, 1.1703, 1.8649, "x") == "1.49x [1.17–1.86]" and sig(0.04524343282772585) == "0.0452"
+    zero = [dict(r, p50_ms=0.0) if r["method"] == "speculative" and r["metric"] == "inter-token latency" else r
+            for r in result["tail"]]
+    assert "arrive together" in tables({**result, "tail": zero})[1][2]
+
+
+def test_a_checklist_part_that_fails_is_one_line_and_the_rest_shows(monkeypatch):
+    from explorer.app import decide_tab as tab
+
+    def broken(models, sets, s):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(tab, "decide", broken)
+    verdicts, groups, tail, memory, diffusion, files = tab.decide_tab("tiny", tab.EXAMPLE, None, "0", 8, False)
+    assert "error: the checklist could not be measured (RuntimeError: boom)" in verdicts
+    assert list(groups.columns) == tab.GROUP_COLUMNS and files is None
+    errors, shown = tab.tables({"groups": [{"group": "x"}], "tail": [], "memory": [], "diffusion": []})
+    assert len(errors) == 1 and errors[0].startswith("groups: KeyError") and list(shown[0].columns) == tab.GROUP_COLUMNS
+
+
+@pytest.mark.skipif(not __import__("explorer.precision", fromlist=["kernels"]).kernels.available(),
+                    reason="no C++ compiler: exact precisions unavailable")
+def test_the_checklist_at_an_exact_precision_with_diffusion_gives_verdicts_and_a_named_batch_line():
+    """The default preset's empty checklist: its batch sweep ran batched passes on the batch-1 exact kernels and the
+    error emptied every table. Now the batch part is one named line and the rest is measured."""
+    from explorer.app.decide_tab import EXAMPLE, decide_tab
+
+    verdicts, groups, tail, memory, diffusion, files = decide_tab("tiny@int8", EXAMPLE, None, "0", 8, True)
+    assert "code at T = 0" in verdicts and "error: batch: the exact int8 kernels run batch 1 only" in verdicts
+    assert len(groups) and len(tail) and len(memory) and len(diffusion) and files

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 from pathlib import Path
 
@@ -27,8 +28,89 @@ EXAMPLE = "\n".join([
     '{"prompt": "Give me three facts about honeybees.", "category": "prose"}'])
 
 
-def decide_tab(preset: str, text: str, upload: str | None, temperatures: str, max_new: int, diffusion: bool):
-    """Decode the prompts (AR and speculative, interleaved), fill in the checklist, return its tables and files."""
+GROUP_COLUMNS = ["Group", "Requests", "Acceptance", "Tokens per target pass", "Speedup vs autoregressive", "Verdict"]
+TAIL_COLUMNS = ["Group", "Method", "Metric", "n", "Mean (ms)", "p50 (ms)", "p95 (ms)", "p99 (ms) [95% interval]"]
+MEMORY_COLUMNS = ["Context", "Tokens", "Drafter", "Drafter weights", "Drafter KV cache", "Target weights",
+                  "Target KV cache", "Drafter's share", "How it was measured"]
+DIFFUSION_COLUMNS = ["Setting", "N", "Passes per request", "Perplexity (median)", "Autoregressive perplexity",
+                     "Quality holds", "Speedup vs autoregressive", "Beats autoregressive", "Requests"]
+
+
+def sig(x, digits: int = 3) -> str:
+    """A number for people: ``digits`` significant digits (integers as they are), '–' for a missing one."""
+    if x is None or isinstance(x, float) and not math.isfinite(x):
+        return "–"
+    if isinstance(x, int) or float(x).is_integer() and abs(x) >= 10 ** (digits - 1):
+        return f"{int(round(x)):,}"
+    return f"{float(f'{x:.{digits}g}'):g}"
+
+
+def interval(x, lo, hi, unit: str = "", scale: float = 1.0) -> str:
+    """'1.49x [1.17–1.86]'; without a finite interval, the value alone."""
+    if x is None or not math.isfinite(x):
+        return "–"
+    text = f"{sig(x * scale)}{unit}"
+    if lo is not None and hi is not None and math.isfinite(lo) and math.isfinite(hi):
+        text += f" [{sig(lo * scale)}–{sig(hi * scale)}]"
+    return text
+
+
+def mib(n) -> str:
+    return "–" if n is None else f"{sig(n / 2**20)} MiB"
+
+
+def groups_table(rows: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame([[r["group"], r["requests"], interval(r["acceptance"], r["acceptance_lo"], r["acceptance_hi"],
+                                                               "%", 100),
+                          sig(r["tokens_per_pass"]), interval(r["speedup"], r["speedup_lo"], r["speedup_hi"], "x"),
+                          r["verdict"]] for r in rows], columns=GROUP_COLUMNS)
+
+
+def tail_table(rows: list[dict]) -> tuple[pd.DataFrame, str]:
+    """The tail as a table, and a caption for the cell that surprises: speculative inter-token p50 of 0 ms."""
+    table = pd.DataFrame([[r["group"], r["method"], r["metric"], r["n"], sig(r["mean_ms"]), sig(r["p50_ms"]),
+                           sig(r["p95_ms"]), interval(r["p99_ms"], r["p99_lo_ms"], r["p99_hi_ms"])] for r in rows],
+                         columns=TAIL_COLUMNS)
+    zero = any(r["method"] == "speculative" and r["metric"] == "inter-token latency" and r["p50_ms"] == 0
+               for r in rows)
+    caption = ("Speculative decoding's inter-token p50 of 0 ms is real: the tokens a verify pass accepts arrive "
+               "together, so most gaps between them are zero; the pass times show in its p95 and p99.") if zero else ""
+    return table, caption
+
+
+def memory_table(rows: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame([[r["context"], r["tokens"], r["drafter"], mib(r["drafter_weights_bytes"]),
+                          mib(r["drafter_kv_bytes"]), mib(r["target_weights_bytes"]), mib(r["target_kv_bytes"]),
+                          f"{sig(100 * r['drafter_share'], 2)}%", r["how"]] for r in rows], columns=MEMORY_COLUMNS)
+
+
+def diffusion_table(rows: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame([[r["config"], r["N"], sig(r["passes_per_request"]), sig(r["median_perplexity"]),
+                          sig(r["ar_median_perplexity"]), "yes" if r["quality_holds"] else "no",
+                          interval(r["speedup_vs_ar"], r["speedup_lo"], r["speedup_hi"], "x"),
+                          "yes" if r["beats_ar"] else "no", r["requests"]] for r in rows], columns=DIFFUSION_COLUMNS)
+
+
+def tables(result: dict) -> tuple[list[str], tuple]:
+    """Every table of the decision for people; a part that cannot be shown becomes an error line, the rest shows."""
+    errors, out = [], []
+    for name, make, columns in (("groups", groups_table, GROUP_COLUMNS), ("tail", tail_table, TAIL_COLUMNS),
+                                ("memory", memory_table, MEMORY_COLUMNS),
+                                ("diffusion", diffusion_table, DIFFUSION_COLUMNS)):
+        try:
+            made = make(result.get(name) or [])
+        except Exception as exc:  # noqa: BLE001 - one part's failure is one visible line, never empty tables
+            errors.append(f"{name}: {type(exc).__name__}: {exc}")
+            made = pd.DataFrame(columns=columns)
+        out.append(made)
+    tail, caption = out[1] if isinstance(out[1], tuple) else (out[1], "")
+    return errors, (out[0], tail, caption, out[2], out[3])
+
+
+def decide_tab(preset: str, text: str, upload: str | None, temperatures: str, max_new: int, diffusion: bool,
+               progress: gr.Progress = gr.Progress(track_tqdm=True)):  # noqa: B008
+    """Decode the prompts (AR and speculative, interleaved), fill in the checklist, return its tables and files.
+    Bad input is one gr.Error; a part of the checklist that fails is one error line, and the rest is shown."""
     try:
         source = read_prompt_text(Path(upload)) if upload else text
         if not (source or "").strip():
@@ -44,24 +126,38 @@ def decide_tab(preset: str, text: str, upload: str | None, temperatures: str, ma
             raise ExplorerError(f"temperatures: comma-separated numbers such as 0,1 (got {temperatures!r})") from None
         if not temps or any(t < 0 for t in temps) or len(temps) > 3:
             raise ExplorerError("temperatures: one to three numbers >= 0")
-        s = DecideSettings(max_new_tokens=int(max_new), temperatures=temps, progress=False,
+        # progress: decide's tqdm bars (prompt i of n, per part), mirrored by Gradio under the verdicts
+        s = DecideSettings(max_new_tokens=int(max_new), temperatures=temps, progress=True,
                            diffusion_divisors=DecideSettings.diffusion_divisors if diffusion else ())
-        result = decide(load_preset(preset), [PromptSet("your prompts", "the page", tuple(prompts))], s)
+        models = load_preset(preset, progress)
+        result = decide(models, [PromptSet("your prompts", "the page", tuple(prompts))], s)
     except ExplorerError as exc:
         raise gr.Error(str(exc), print_exception=False) from None
+    except Exception as exc:  # noqa: BLE001 - the page keeps serving and says what failed
+        line = f"- error: the checklist could not be measured ({type(exc).__name__}: {exc})"
+        empty = (pd.DataFrame(columns=GROUP_COLUMNS), pd.DataFrame(columns=TAIL_COLUMNS),
+                 pd.DataFrame(columns=MEMORY_COLUMNS), pd.DataFrame(columns=DIFFUSION_COLUMNS))
+        return (line, *empty, None)
+    problems, (groups, tail, caption, memory, diff) = tables(result)
     out = Path(tempfile.mkdtemp(prefix="decide-"))
-    (out / "decision.json").write_text(json.dumps(clean(result), indent=2, allow_nan=False))
-    write_report(out / "decision.html", result["header"], sections(result), title="Decoding explorer: the decision")
-    lines = [f"- {line}" for line in result["verdicts"]] + [f"- error: {e}" for e in result["errors"]]
+    files = []
+    try:
+        (out / "decision.json").write_text(json.dumps(clean(result), indent=2, allow_nan=False))
+        write_report(out / "decision.html", result["header"], sections(result),
+                     title="Decoding explorer: the decision")
+        files = [str(out / "decision.json"), str(out / "decision.html")]
+    except Exception as exc:  # noqa: BLE001
+        problems.append(f"files: {type(exc).__name__}: {exc}")
+    lines = [f"- {line}" for line in result.get("verdicts", [])]
+    lines += [f"- error: {e}" for e in [*result.get("errors", []), *problems]]
     batch = result.get("batch") or {}
     if batch:
         lines.append(f"- {batch_sentence(batch)}")
-    groups = pd.DataFrame(result["groups"])[["group", "requests", "acceptance", "acceptance_lo", "acceptance_hi",
-                                             "tokens_per_pass", "speedup", "speedup_lo", "speedup_hi", "verdict"]]
-    tail = pd.DataFrame(result["tail"])[["group", "method", "metric", "n", "mean_ms", "p50_ms", "p95_ms", "p99_ms",
-                                         "p99_lo_ms", "p99_hi_ms"]]
-    return ("\n".join(lines), groups.round(3), tail.round(1), pd.DataFrame(result["memory"]),
-            pd.DataFrame(result.get("diffusion") or []), [str(out / "decision.json"), str(out / "decision.html")])
+    if caption:
+        lines.append(f"- note on the tail: {caption}")
+    if not lines:
+        lines = ["- error: the checklist returned nothing to show"]
+    return ("\n".join(lines), groups, tail, memory, diff, files)
 
 
 def build_decide_tab(preset: gr.components.Component) -> None:

@@ -20,11 +20,13 @@ import numpy as np
 import pandas as pd
 
 from explorer.decoding.api import encode_prompt
+from explorer.errors import ExplorerError
 from explorer.measure.bench import BenchSettings, RunConfig, fit_alpha, preset_chain, run_requests
 from explorer.measure.costs import batch_costs, measured_kv_bytes
 from explorer.measure.metrics import PERCENTILES, percentile, percentile_ci, ratio_ci
 from explorer.measure.workload import PromptSet
 from explorer.models import Models
+from explorer.precision import EXACT
 
 CODE = re.compile(r"```|\bdef |\bclass |\bfunction\b|\breturn\b|[{};]\s*$|\b(python|javascript|typescript|java|rust|"
                   r"c\+\+|sql|bash|code|script|regex)\b", re.IGNORECASE | re.MULTILINE)
@@ -195,6 +197,10 @@ def batch_sentence(batch: dict[str, object]) -> str:
 
 
 def predicted_batch(models: Models, s: DecideSettings, acceptance: float) -> dict[str, object]:
+    if models.precision in EXACT:  # their kernels take one sequence a pass
+        raise ExplorerError(f"the exact {models.precision} kernels run batch 1 only, so batch effects cannot be timed "
+                            f"on them: run the checklist on {models.preset.name}@float32, or measure an engine "
+                            "(explorer decide --engine URL)")
     gamma = s.gamma or models.preset.gamma
     frame = batch_costs(models, gamma, fit_alpha(acceptance, gamma), s.batches, reps=5, progress=s.progress)
     gains = list(frame["predicted_speedup_forward"])

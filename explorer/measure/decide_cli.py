@@ -75,11 +75,15 @@ def settings_from(args: argparse.Namespace) -> DecideSettings:
 
 
 def _part(result: dict, name: str, fn):
-    """Run one part; an ExplorerError becomes one line in result["errors"] and the part is left empty."""
+    """Run one part; any error becomes one line in result["errors"] and the part is left empty (the rest of the
+    checklist is still measured and shown)."""
     try:
         result[name] = fn()
     except ExplorerError as exc:
         result["errors"].append(f"{name}: {exc}")
+        result[name] = []
+    except Exception as exc:  # noqa: BLE001 - one part's failure must not empty the whole checklist
+        result["errors"].append(f"{name}: {type(exc).__name__}: {exc}")
         result[name] = []
 
 
@@ -104,7 +108,7 @@ def decide(models: Models, sets: list[PromptSet], s: DecideSettings, engine: str
             result["batch"] = []
         else:
             _part(result, "batch", lambda: predicted_batch(models, s, 0.0 if math.isnan(overall) else overall))
-    result["memory"] = memory_rows(models, frame, drafter)
+    _part(result, "memory", lambda: memory_rows(models, frame, drafter))
     if swap is not None:
         _part(result, "swap", lambda: swap_rows(result["groups"], group_rows(run_traffic(swap, sets, s, " swap")),
                                                 swap.preset.name))
