@@ -229,3 +229,29 @@ def test_adaptive_gamma_keeps_greedy_output_and_changes_gamma(random_models):
         gammas = [e.gamma for e in spec.events if isinstance(e, explorer.decoding.events.Proposal)]
         changed |= len(set(gammas)) > 1
     assert changed, "adaptive gamma never moved"
+
+
+@pytest.mark.parametrize("tree", [None, "2,1"])
+def test_a_drafter_hears_which_of_its_tokens_were_kept(random_models, monkeypatch, tree):
+    """The Drafter protocol's observe(drafted, accepted, kept) after each verification: the kept tokens, step by step,
+    are the decode's output, and the accepted count matches the Verification events."""
+    from explorer.decoding import speculative, speculative_tree
+    from explorer.decoding.events import Verification
+
+    heard = []
+    module, factory = (speculative_tree, "make_tree_drafter") if tree else (speculative, "make_drafter")
+    real = getattr(module, factory)
+
+    def recording(*args, **kwargs):
+        drafter = real(*args, **kwargs)
+        drafter.observe = lambda drafted, accepted, kept: heard.append((list(drafted), accepted, kept))
+        return drafter
+
+    monkeypatch.setattr(module, factory, recording)
+    trace = explorer.decode("speculative", random_models, "abc", max_new_tokens=12, gamma=3, temperature=1.0,
+                            seed=3, drafter="model", tree=tree)
+    steps = [e for e in trace.events if isinstance(e, Verification)]
+    assert len(heard) == len(steps) > 0
+    assert [t for _, _, kept in heard for t in kept] == trace.token_ids
+    assert [a for _, a, _ in heard] == [v.accepted for v in steps]
+    assert all(kept[:a] == drafted[:a] for drafted, a, kept in heard)

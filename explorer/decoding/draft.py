@@ -42,7 +42,19 @@ class Drafter(Protocol):
         """Only ``tokens[:keep]`` survived verification: drop any state (a KV cache) past position ``keep``."""
         ...
 
+    # Optional: ``observe(drafted, accepted, kept)`` after each verification, with the tokens the step drafted (a
+    # tree: the accepted path), how many of them the target accepted and the tokens kept (the accepted drafts and
+    # the target's own), as transformers' candidate generators and vLLM's proposers hear back: a stateful drafter
+    # (a suffix tree, an adaptive γ per context) learns from it. ``observe`` below calls it where it exists.
+
     @property
     def cache_len(self) -> int | None:
         """Positions in the drafter's KV cache (shown in Verification events); None without one."""
         ...
+
+
+def observe(drafter: object, drafted: list[int], accepted: int, kept: list[int]) -> None:
+    """Tell a drafter which of its tokens survived (its ``observe``, where it has one)."""
+    hear = getattr(drafter, "observe", None)
+    if hear is not None:
+        hear(list(drafted), int(accepted), list(kept))

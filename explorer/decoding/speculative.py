@@ -23,7 +23,7 @@ from explorer.decoding.acceptance import (  # noqa: F401  (verify_drafts and the
     verify_drafts,
 )
 from explorer.decoding.config import DecodeConfig, parse_tree
-from explorer.decoding.draft import Draft
+from explorer.decoding.draft import Draft, observe
 from explorer.decoding.drafters import crop_cache, make_drafter
 from explorer.decoding.events import DecodeResult, Event, Proposal, Verification
 from explorer.decoding.sampling import make_generator, warp_logits
@@ -81,6 +81,7 @@ def decode_speculative(models: Models, prompt_ids: list[int],
         keep = len(tokens) + accepted  # tokens before this step + accepted drafts
         crop_cache(cache, keep)
         drafter.rollback(keep)
+        observe(drafter, drafted, accepted, emitted)
         tokens += emitted
         result.tokens += emitted
         result.times += [time.perf_counter() - result.t0] * len(emitted)

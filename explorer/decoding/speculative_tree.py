@@ -25,6 +25,7 @@ from transformers import DynamicCache
 
 from explorer.decoding.acceptance import cut_emitted
 from explorer.decoding.config import DecodeConfig, TreeShape, parse_tree
+from explorer.decoding.draft import observe
 from explorer.decoding.drafters import ModelDrafter, make_drafter
 from explorer.decoding.events import DecodeResult, Event, Proposal, Verification
 from explorer.decoding.registry import family_drafter
@@ -253,6 +254,7 @@ def decode_speculative_tree(models: Models, prompt_ids: list[int],
         emitted = cut_emitted([tree.tokens[i] for i in path] + [drawn], eos, remaining)
         select_cache(cache, list(range(past + len(fed))) + [past + len(fed) + i for i in path])
         drafter.rollback_tree(len(tokens), path)
+        observe(drafter, [tree.tokens[i] for i in path], len(path), emitted)
         tokens += emitted
         result.tokens += emitted
         result.times += [time.perf_counter() - result.t0] * len(emitted)
