@@ -20,6 +20,7 @@ from explorer.engine import commands as engine_commands
 from explorer.errors import ExplorerError
 from explorer.measure import bench_cli, decide_cli
 from explorer.models import DEFAULT_PRESET
+from explorer.precision import kernels
 
 DECODE_OPTIONS = [f.name for f in fields(DecodeConfig)]  # one flag each: --max-new-tokens ...
 AUDIT_OPTIONS = ["temperature", "top_k", "top_p", "seed", "gamma", "drafter", "max_ngram", "early_exit_layers", "tree",
@@ -112,8 +113,6 @@ def run_decode(args: argparse.Namespace) -> int:
 
 def models_line(models) -> str:
     """What runs: the preset, the target's precision (with the measurement that chose it) and the kernel path."""
-    from explorer.precision import kernels
-
     if models.precision_choice is not None:
         precision = models.precision_choice.line()
     elif models.precision is not None:

@@ -159,21 +159,24 @@ def test_the_default_preset_measures_its_precision_on_a_cpu():
 
 
 def test_the_speculative_default_is_the_fastest_setting_measured_keeping_the_presets_within_3_percent(monkeypatch):
-    class FakeTrace:
-        def __init__(self, wall):
-            self.stats = {"wall_s": wall, "new_tokens": 32}
+    models = explorer.load_models("random-tiny", device="cpu")
 
-    def table(walls):
-        def decode(method, models, prompt, **options):
-            if method == "autoregressive":
-                return FakeTrace(walls["ar"] if options.get("max_new_tokens") == 32 else 0.1)
-            return FakeTrace(walls[(options["gamma"], options["draft_confidence"])])
-        monkeypatch.setattr(explorer, "decode", decode)
+    def table(seconds):
+        def timed(models, method, prompt_ids, cfg):
+            return seconds["ar"] if method == "autoregressive" else seconds[(cfg.gamma, cfg.draft_confidence)]
+        monkeypatch.setattr(choice, "time_decode", timed)
 
     table({"ar": 1.0, (6, 0.15): 0.8, (2, None): 0.6, (3, None): 0.7})
-    got = choice.measure_speculative(None, 6, 0.15)
+    got = choice.measure_speculative(models, 6, 0.15)
     assert (got.gamma, got.draft_confidence) == (2, None) and "chain of 2" in got.line()
     assert got.speedups["chain of 2"] == pytest.approx(1 / 0.6)
     table({"ar": 1.0, (6, 0.15): 0.61, (2, None): 0.6, (3, None): 0.7})  # the preset's within 3%: kept
-    got = choice.measure_speculative(None, 6, 0.15)
+    got = choice.measure_speculative(models, 6, 0.15)
     assert (got.gamma, got.draft_confidence) == (6, 0.15) and got.line().startswith("speculative default γ ≤ 6")
+
+
+def test_the_speculative_measurement_decodes_for_real(monkeypatch):
+    models = explorer.load_models("random-tiny", device="cpu")
+    monkeypatch.setattr(choice, "SPEC_TOKENS", 6)
+    got = choice.measure_speculative(models, 3, None)
+    assert set(got.speedups) == {"chain of 3", "chain of 2"} and all(v > 0 for v in got.speedups.values())

@@ -12,23 +12,13 @@ from explorer.decoding.autoregressive import decode_autoregressive
 from explorer.decoding.config import DecodeConfig, parse_tree, validate, validate_prompt
 from explorer.decoding.diffusion import decode_diffusion
 from explorer.decoding.events import DecodeResult, Event, Trace
+from explorer.decoding.prompting import encode_prompt  # noqa: F401  (its home is prompting.py)
 from explorer.decoding.speculative import decode_speculative
 from explorer.errors import ExplorerError
 from explorer.runtime import Models
 
 DECODERS = {"autoregressive": decode_autoregressive, "speculative": decode_speculative,
             "diffusion": decode_diffusion}
-
-
-def encode_prompt(tokenizer: Any, prompt: str, chat: bool) -> tuple[list[int], str]:
-    """Plain presets: ``tokenizer(prompt).input_ids`` exactly; instruct presets: the chat template."""
-    if chat and getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                            tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return list(ids), "chat_template"
-    return list(tokenizer(prompt).input_ids), "raw"
 
 
 def make_config(method: str, models: Models, options: dict[str, Any]) -> DecodeConfig:

@@ -24,8 +24,10 @@ from pathlib import Path
 
 import torch
 
+from explorer.decoding.config import DecodeConfig
 from explorer.precision import kernels
 from explorer.precision.exact import make_row_invariant
+from explorer.runtime import ASSETS
 
 PREFIX = 32  # tokens of context before the timed passes
 REPS = 3  # passes of each kind per precision; the median is kept
@@ -185,22 +187,44 @@ def spec_candidates(gamma: int, cut: float | None) -> list[tuple[int, float | No
     return out
 
 
+def time_decode(models, method: str, prompt_ids: list[int], cfg) -> float:
+    """Seconds per new token of one greedy decode through the decoders themselves."""
+    from explorer.decoding.autoregressive import decode_autoregressive  # deferred: the decoders import transformers
+    from explorer.decoding.speculative import decode_speculative  # deferred: as above
+
+    run = decode_autoregressive if method == "autoregressive" else decode_speculative
+    start = time.perf_counter()
+    events = run(models, prompt_ids, cfg)
+    while True:
+        try:
+            next(events)
+        except StopIteration as stop:
+            result = stop.value
+            break
+    return (time.perf_counter() - start) / max(1, len(result.tokens))
+
+
+def heldout_prompts(n: int) -> list[str]:
+    """The first held-out chat prompts (assets/prompts/chat.txt: none of them trained the drafters)."""
+    return (ASSETS / "prompts" / "chat.txt").read_text(encoding="utf-8").splitlines()[:n]
+
+
 def measure_speculative(models, gamma: int, cut: float | None) -> SpeculativeChoice:
     """Greedy autoregressive and greedy speculative at each candidate, per prompt in turn; the fastest candidate."""
-    import explorer  # deferred: the package imports explorer.models, which imports this module
-    from explorer.training.prompts import chat_prompts  # deferred: only a first load measures
+    from explorer.decoding.prompting import encode_prompt  # deferred: only a first load measures
 
-    prompts = [row["prompt"] for row in chat_prompts("heldout")[:SPEC_PROMPTS]]
     candidates = spec_candidates(gamma, cut)
     ar_s, spec_s = 0.0, dict.fromkeys(candidates, 0.0)
-    explorer.decode("autoregressive", models, prompts[0], max_new_tokens=4)  # warm-up
-    for prompt in prompts:
-        ar = explorer.decode("autoregressive", models, prompt, max_new_tokens=SPEC_TOKENS, temperature=0.0)
-        ar_s += ar.stats["wall_s"] / max(1, ar.stats["new_tokens"])
+    drafter = models.preset.drafter
+    prompts = heldout_prompts(SPEC_PROMPTS)
+    for i, prompt in enumerate(prompts):
+        ids = encode_prompt(models.tokenizer, prompt, models.preset.chat)[0]
+        if i == 0:  # a warm-up
+            time_decode(models, "autoregressive", ids, DecodeConfig(max_new_tokens=4))
+        ar_s += time_decode(models, "autoregressive", ids, DecodeConfig(max_new_tokens=SPEC_TOKENS))
         for g, c in candidates:
-            spec = explorer.decode("speculative", models, prompt, max_new_tokens=SPEC_TOKENS, temperature=0.0,
-                                   gamma=g, draft_confidence=c)
-            spec_s[(g, c)] += spec.stats["wall_s"] / max(1, spec.stats["new_tokens"])
+            cfg = DecodeConfig(max_new_tokens=SPEC_TOKENS, gamma=g, draft_confidence=c, drafter=drafter)
+            spec_s[(g, c)] += time_decode(models, "speculative", ids, cfg)
     speedups = {SpeculativeChoice.label(g, c): ar_s / spec_s[(g, c)] for g, c in candidates}
     best = max(candidates, key=lambda k: speedups[SpeculativeChoice.label(*k)])
     own = speedups[SpeculativeChoice.label(gamma, cut)]
