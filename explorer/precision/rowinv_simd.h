@@ -97,6 +97,17 @@ inline void prefetch(const void* p) {
 
 inline float bf16_to_f(uint16_t w) { uint32_t u = uint32_t(w) << 16; float f; std::memcpy(&f, &u, 4); return f; }
 
+#if defined(ROWINV_PATH_AVX512) || defined(ROWINV_PATH_AVX2)
+// The x86 paths' horizontal sum from 8 lanes on (their 16 -> 8 step differs only in where the halves live): 8 -> 4 ->
+// 2 -> 1 over pairs (l, l + half), one tree for both.
+inline float hsum8(__m256 a) {
+  __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  __m128 d = _mm_add_ss(c, _mm_shuffle_ps(c, c, 1));
+  return _mm_cvtss_f32(d);
+}
+#endif
+
 #if defined(ROWINV_PATH_AVX512)
 // ------------------------------------------------------------------------------------------------ AVX-512
 using vec = __m512;
@@ -121,11 +132,7 @@ inline vec add(vec a, vec b) { return _mm512_add_ps(a, b); }
 inline vec mul(vec a, vec b) { return _mm512_mul_ps(a, b); }
 inline vec div(vec a, vec b) { return _mm512_div_ps(a, b); }
 inline float hsum(vec v) {
-  __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-  __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-  __m128 d = _mm_add_ss(c, _mm_shuffle_ps(c, c, 1));
-  return _mm_cvtss_f32(d);
+  return hsum8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));  // lane l + lane l + 8
 }
 inline vec exp16(vec x) {
   const vec lo = _mm512_set1_ps(EXP_LO);
@@ -179,11 +186,7 @@ inline vec add(vec a, vec b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(
 inline vec mul(vec a, vec b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
 inline vec div(vec a, vec b) { return {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
 inline float hsum(vec v) {
-  __m256 a = _mm256_add_ps(v.lo, v.hi);  // lane l + lane l + 8
-  __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-  __m128 d = _mm_add_ss(c, _mm_shuffle_ps(c, c, 1));
-  return _mm_cvtss_f32(d);
+  return hsum8(_mm256_add_ps(v.lo, v.hi));  // lane l + lane l + 8
 }
 inline __m256 exp8(__m256 x) {
   const __m256 lo = _mm256_set1_ps(EXP_LO);
