@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import explorer
-from explorer.decoding.diffusion import choose_positions, reveal_schedule
+from explorer.decoding.diffusion import reveal_schedule
 from explorer.decoding.events import RefinementStep
+from explorer.decoding.unmasking import Pass, Plan, by_confidence
 from explorer.models import Models
 
 
@@ -41,6 +42,12 @@ def test_reveal_counts_follow_schedule_and_blocks_in_order(random_models, n, k, 
 def test_reveal_schedule_is_linear_with_remainder_first():
     assert reveal_schedule(10, 4) == [3, 3, 2, 2]
     assert reveal_schedule(37, 5) == [8, 8, 7, 7, 7]
+
+
+def choose_positions(conf, masked, count, threshold):
+    probs = torch.eye(len(conf), dtype=torch.float64)
+    return torch.tensor(by_confidence(Pass(torch.arange(len(conf)), conf, probs, masked, torch.zeros(len(conf)),
+                                          count), threshold).reveal)
 
 
 def test_choose_positions_most_confident_first_and_threshold():
@@ -236,22 +243,27 @@ def test_the_decode_stops_when_the_answer_has_ended_with_the_same_output(options
     assert trace.stats["target_forward_passes"] == len([e for e in trace.events if isinstance(e, RefinementStep)])
 
 
-@pytest.mark.parametrize("bad", ["none", "revealed"])
+@pytest.mark.parametrize("bad", ["none", "revealed", "remask-more"])
 def test_a_pass_that_reveals_nothing_raises_within_one_pass_instead_of_hanging(random_models, monkeypatch, bad):
     from explorer.decoding import diffusion as diffusion_module
 
-    real = diffusion_module.choose_positions
-    calls = []
+    real = diffusion_module.plan_pass
+    calls, bad_calls = [], []
 
-    def broken(confidence, still, count, threshold):
+    def broken(p, cfg):
         calls.append(1)
-        if len(calls) == 1:
-            return real(confidence, still, count, threshold)  # the first pass is fine
+        revealed = [int(i) for i in (~p.masked).nonzero()[:, 0]]
+        if len(revealed) < 2:
+            return real(p, cfg)  # the first passes are fine
+        bad_calls.append(len(calls))
         if bad == "none":
-            return torch.tensor([], dtype=torch.long)
-        return torch.nonzero(~still).flatten()[:1]  # a position revealed already
+            return Plan(())
+        if bad == "revealed":
+            return Plan(tuple(revealed[:1]))  # a position revealed already
+        masked = [int(i) for i in p.masked.nonzero()[:, 0]]
+        return Plan(tuple(masked[:1]), tuple(revealed[:2]))  # more re-masked than revealed: fewer masks never come
 
-    monkeypatch.setattr(diffusion_module, "choose_positions", broken)
-    with pytest.raises(explorer.ExplorerError, match="revealed no masked position") as info:
+    monkeypatch.setattr(diffusion_module, "plan_pass", broken)
+    with pytest.raises(explorer.ExplorerError, match="a pass must reveal masked positions") as info:
         explorer.decode("diffusion", random_models, "abc", max_new_tokens=8, steps=8, block_length=8)
-    assert len(calls) == 2 and "\n" not in str(info.value)
+    assert bad_calls == [len(calls)] and "\n" not in str(info.value)  # raised in the pass that did it

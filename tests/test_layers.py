@@ -8,12 +8,13 @@ ROOT = Path(__file__).resolve().parent.parent / "explorer"
 # Lowest first. A module belongs to the entry that names it or, failing that, its folder (the longest match).
 LAYERS = [
     ("core", ["errors", "runtime", "compact_weights", "decoding.config", "decoding.sampling", "decoding.events",
-              "decoding.draft", "decoding.registry", "decoding.acceptance"]),
+              "decoding.draft", "decoding.registry", "decoding.acceptance", "decoding.unmasking"]),
     ("decoding", ["decoding"]),
     ("families", ["families"]),
     ("models", ["models", "precision"]),
-    ("api", ["decoding.api", "decoding.flags", "__init__"]),
-    ("measure and views", ["measure", "app.render", "app.tree_view", "app.byte_chips", "app.diffusion_view",
+    ("api", ["decoding.api", "flags", "__init__"]),
+    ("measure and views", ["measure", "app.render", "app.headers", "app.tree_view", "app.byte_chips",
+                           "app.diffusion_view",
                            "app.plots", "engine"]),
     ("app", ["app", "measure.loadtest"]),
     ("entry points", ["cli", "__main__", "train", "training", "engine.commands"]),

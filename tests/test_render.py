@@ -80,9 +80,13 @@ def test_narration_names_the_tokens_of_the_latest_step():
     assert "&lt;script&gt;" in text and "<script>" not in text  # the resampled token is escaped
     pending = narration.narration_html([render.LaneView("speculative", [proposal], "p", piece, 16)])
     assert "will check all 3 in <b>one</b> pass" in pending
-    steps = [RefinementStep(1.0, 0, 0, (0, 3), (1, 2), (0.9, 0.2), 6, 0.01)]
+    steps = [RefinementStep(1.0, 0, 0, (0, 3), (1, 2), (0.9, 0.2), 6, 0.01, why="the 2 most confident")]
     diff = narration.narration_html([render.LaneView("diffusion", steps, "p", piece, 8, total_steps=4)])
-    assert "Step 1 of 4" in diff and "the 2 most confident were revealed" in diff and "6 masks left" in diff
+    assert "Step 1 of 4" in diff and "2 revealed (the 2 most confident)" in diff and "6 masks left" in diff
+    steps.append(RefinementStep(2.0, 1, 0, (1,), (1,), (0.8,), 6, 0.01, remasked=(3,), remasked_tokens=(2,),
+                                remask_confidences=(0.31,), why="1 above the confidence 0.5; 1 re-masked"))
+    diff = narration.narration_html([render.LaneView("diffusion", steps, "p", piece, 8, total_steps=4)])
+    assert "at position 4 masked again: its probability fell to 0.31" in diff and "1 re-masked" in diff
 
 
 def test_every_lane_carries_its_hooks_and_a_known_status():

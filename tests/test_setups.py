@@ -17,7 +17,8 @@ from explorer.measure import metrics
 # a second value per option, different from the first trace's
 OTHER = {"max_new_tokens": 9, "temperature": 0.7, "top_k": 5, "top_p": 0.9, "drafter": "prompt_lookup", "gamma": 3,
          "draft_confidence": 0.4, "tree": "2,1", "adaptive_gamma": True, "max_ngram": 2, "early_exit_layers": 1,
-         "draft_passes": 2, "steps": 4, "block_length": 4, "remasking": "random", "threshold": 0.8, "cache": "prefix"}
+         "draft_passes": 2, "steps": 4, "block_length": 4, "remasking": "random", "threshold": 0.8, "cache": "prefix",
+         "sampler": "dilated", "entropy_bound": 0.3, "revoke_below": 0.4}
 OPTIONS = [(m, o) for m in METHODS for o in SETUP_OPTIONS[m]]
 
 
@@ -69,4 +70,4 @@ def test_a_setup_label_reads_as_words():
     label = setup_label("speculative", DecodeConfig(drafter="assistant", gamma=6, draft_confidence=0.15), "int8")
     assert label == "assistant · γ=6 · cut=0.15 · T=0 · N=64 · int8"
     assert setup_label("diffusion", DecodeConfig(max_new_tokens=32, threshold=0.7), "int8") == \
-        "K=32 · block=32 · threshold=0.7 · T=0 · N=32 · int8"
+        "confidence · K=32 · block=32 · threshold=0.7 · T=0 · N=32 · int8"

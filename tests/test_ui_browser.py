@@ -158,6 +158,24 @@ def test_phone_reaches_run_and_stop_leaves_no_lane_running(browser, app_url):
     page.close()
 
 
+def test_the_waiting_lanes_follow_the_controls(browser, app_url):
+    """Before a run, each lane's header says what Run would do now: N, the sampler, which lanes are on."""
+    page = open_page(browser, app_url, 1280, 720)
+    head = "document.querySelector('#lanes .lane-diffusion .lane-head')"
+    assert "N = 64" in page.locator("#lanes .lane-diffusion .lane-head").inner_text()
+    n = page.locator("#max-new input[type=number]")
+    n.fill("16")
+    n.press("Tab")
+    page.wait_for_function(f"{head}.textContent.includes('N = 16')", timeout=10_000)
+    page.locator("#sampler label", has_text="dilated").click()
+    page.wait_for_function(f"{head}.textContent.includes('sampler dilated')", timeout=10_000)
+    shot(page, "controls-follow-1280x720.png")
+    page.locator("#lane-choice label", has_text="diffusion").click()
+    page.wait_for_function("!document.querySelector('#lanes .lane-diffusion') && "
+                           "document.querySelector('#lanes .lane-speculative')", timeout=10_000)
+    page.close()
+
+
 def test_the_longest_output_keeps_every_lane_bounded(browser, app_url):
     page = open_page(browser, app_url, 1500, 1000)
     n = page.locator("#max-new input[type=number]")

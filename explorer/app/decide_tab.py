@@ -33,7 +33,8 @@ TAIL_COLUMNS = ["Group", "Method", "Metric", "n", "Mean (ms)", "p50 (ms)", "p95 
 MEMORY_COLUMNS = ["Context", "Tokens", "Drafter", "Drafter weights", "Drafter KV cache", "Target weights",
                   "Target KV cache", "Drafter's share", "How it was measured"]
 DIFFUSION_COLUMNS = ["Setting", "N", "Passes per request", "Perplexity (median)", "Autoregressive perplexity",
-                     "Quality holds", "Speedup vs autoregressive", "Beats autoregressive", "Requests"]
+                     "Repeated words", "Autoregressive repeated words", "Quality holds", "Speedup vs autoregressive",
+                     "Beats autoregressive", "Requests"]
 
 
 def sig(x, digits: int = 3) -> str:
@@ -78,6 +79,11 @@ def tail_table(rows: list[dict]) -> tuple[pd.DataFrame, str]:
     return table, caption
 
 
+def percent(x) -> str:
+    """A share as a percentage with 2 significant digits; '–' for a missing one."""
+    return "–" if x is None or isinstance(x, float) and not math.isfinite(x) else f"{sig(100 * x, 2)}%"
+
+
 def memory_table(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame([[r["context"], r["tokens"], r["drafter"], mib(r["drafter_weights_bytes"]),
                           mib(r["drafter_kv_bytes"]), mib(r["target_weights_bytes"]), mib(r["target_kv_bytes"]),
@@ -86,7 +92,8 @@ def memory_table(rows: list[dict]) -> pd.DataFrame:
 
 def diffusion_table(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame([[r["config"], r["N"], sig(r["passes_per_request"]), sig(r["median_perplexity"]),
-                          sig(r["ar_median_perplexity"]), "yes" if r["quality_holds"] else "no",
+                          sig(r["ar_median_perplexity"]), percent(r.get("repeat_rate")),
+                          percent(r.get("ar_repeat_rate")), "yes" if r["quality_holds"] else "no",
                           interval(r["speedup_vs_ar"], r["speedup_lo"], r["speedup_hi"], "x"),
                           "yes" if r["beats_ar"] else "no", r["requests"]] for r in rows], columns=DIFFUSION_COLUMNS)
 

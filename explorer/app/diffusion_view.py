@@ -15,10 +15,14 @@ END_MARK = "(end of answer)"
 
 
 def diffusion_canvas(events: Sequence[Event], size: int) -> list[tuple[int, float, int] | None]:
-    """Per output position: None while masked, else (token, confidence, step it was revealed at)."""
+    """Per output position: None while masked, else (token, confidence, step it was revealed at). A step's
+    re-masked positions (sampler revoke) are masked before its revealed ones are written."""
     canvas: list[tuple[int, float, int] | None] = [None] * size
     for e in events:
         if isinstance(e, RefinementStep):
+            for pos in e.remasked:
+                if 0 <= pos < size:
+                    canvas[pos] = None
             for pos, tok, conf in zip(e.positions, e.tokens, e.confidences, strict=True):
                 if 0 <= pos < size:
                     canvas[pos] = (tok, conf, e.step)
@@ -26,8 +30,8 @@ def diffusion_canvas(events: Sequence[Event], size: int) -> list[tuple[int, floa
 
 
 def answer_end(canvas: Sequence[tuple[int, float, int] | None], end_id: int | None) -> int | None:
-    """The first position revealed as the end token. A revealed token is never masked again and the answer is cut
-    at its first end token, so nothing after this position can become part of the answer."""
+    """The first position revealed as the end token. The answer is cut at its first end token, so nothing after this
+    position can become part of the answer (unless the revoke sampler masks that end token again)."""
     if end_id is None:
         return None
     return next((pos for pos, cell in enumerate(canvas) if cell is not None and cell[0] == end_id), None)
@@ -51,6 +55,8 @@ def diffusion_body(view: Any, chip: Callable[..., str]) -> str:
     end = answer_end(canvas, getattr(view.piece, "end_id", None))
     steps = [e for e in view.events if isinstance(e, RefinementStep)]
     last_step = steps[-1].step if steps else None
+    revoked = {p: (t, c) for p, t, c in zip(steps[-1].remasked, steps[-1].remasked_tokens,
+                                             steps[-1].remask_confidences, strict=True)} if steps else {}
     joined = byte_chips.merged([view.piece(c[0]) if c else None for c in canvas], block)  # emoji: one chip
     cells, inside = [], 0
     for pos, cell in enumerate(canvas):
@@ -62,6 +68,11 @@ def diffusion_body(view: Any, chip: Callable[..., str]) -> str:
                 cells.append("</div>")
             cells.append(f'<div class="block" title="block {pos // block + 1}">'
                          f'<span class="blocklabel">block {pos // block + 1}</span>')
+        if cell is None and pos in revoked:
+            tok, conf = revoked[pos]
+            cells.append(chip(view.piece(tok), "revoked", f"position {pos + 1}: masked again at step {last_step + 1}, "
+                              f"its probability fell to {conf:.2f} once its neighbours were known"))
+            continue
         if cell is None:
             cells.append(f'<span class="tok mask" title="position {pos + 1}: [MASK]"></span>')
             continue

@@ -56,6 +56,9 @@ class Settings:
     flags: tuple[str, ...] = tuple(name for name in FLAG_FIELDS if getattr(DecodeConfig, name))
     tree: str = ""  # speculative: a token tree ("3,2,1", "dynamic:16"); empty: a chain
     draft_confidence: float = 0.0  # speculative: stop a chain's draft below this probability (0: off)
+    sampler: str = DecodeConfig.sampler  # diffusion: which masks a pass reveals (decoding/unmasking.py)
+    entropy_bound: float = 0.0  # diffusion, sampler entropy (0: its default)
+    revoke_below: float = 0.0  # diffusion, sampler revoke (0: its default)
 
     @classmethod
     def from_values(cls, values: list[Any] | tuple[Any, ...]) -> Settings:
@@ -88,7 +91,9 @@ class Settings:
         if method == "diffusion":
             steps, block = self.diffusion
             options.update(steps=steps, block_length=block, remasking=self.remasking,
-                           threshold=float(self.threshold) or None, cache=self.cache)
+                           threshold=float(self.threshold) or None, cache=self.cache, sampler=self.sampler,
+                           entropy_bound=float(self.entropy_bound) or None if self.sampler == "entropy" else None,
+                           revoke_below=float(self.revoke_below) or None if self.sampler == "revoke" else None)
         return options
 
 
@@ -100,7 +105,7 @@ def preset_settings(name: str = DEFAULT_PRESET) -> Settings:
     threshold."""
     p = PRESETS[parse_preset(name)[0]]  # "smollm2-135m@float32": the preset's own settings
     return Settings(drafter=p.drafter, gamma=p.gamma, tokens_per_step=p.diffusion_tokens_per_step,
-                    blocks=p.diffusion_blocks, threshold=p.diffusion_threshold,
+                    blocks=p.diffusion_blocks, threshold=p.diffusion_threshold, sampler=p.diffusion_sampler,
                     draft_confidence=p.draft_confidence or 0.0)
 
 
@@ -163,7 +168,7 @@ def describe_models(models: Models) -> str:
 
 def describe_preset(preset: str, progress: gr.Progress = gr.Progress()) -> tuple[Any, ...]:  # noqa: B008
     """The preset's description, and its defaults for the controls that depend on it: the drafters it
-    can run (its own selected), its γ, the diffusion steps, blocks and threshold its diffusion model was
+    can run (its own selected), its γ, the diffusion steps, blocks, threshold and sampler its diffusion model was
     measured with, and where its chain's draft stops."""
     models = load_preset(preset, progress)
     p = models.preset
@@ -171,7 +176,8 @@ def describe_preset(preset: str, progress: gr.Progress = gr.Progress()) -> tuple
     return (describe_models(models),
             gr.update(choices=drafters, value=p.drafter if p.drafter in drafters else drafters[0]),
             gr.update(value=p.gamma), gr.update(value=p.diffusion_tokens_per_step), gr.update(value=p.diffusion_blocks),
-            gr.update(value=p.diffusion_threshold), gr.update(value=p.draft_confidence or 0.0))
+            gr.update(value=p.diffusion_threshold), gr.update(value=p.draft_confidence or 0.0),
+            gr.update(value=p.diffusion_sampler))
 
 
 def lane_tokenizer(models: Models, method: str) -> Any:

@@ -87,14 +87,15 @@ def _narrate_diffusion(view: LaneView) -> str:
     if not steps:
         return f"All {view.max_new_tokens} positions start as [MASK]; each pass predicts every mask at once."
     e = steps[-1]
-    how = "most confident" if "random" not in view.detail else "randomly chosen"
-    if "threshold" in view.detail:
-        how = "confident enough (above the threshold)"
     shown = list(zip(e.positions, e.tokens, e.confidences, strict=True))[:6]
     items = ", ".join(f"{_quote(view.piece(t))} (position {p + 1}, confidence {c:.2f})" for p, t, c in shown)
     more = f" and {len(e.positions) - len(shown)} more" if len(e.positions) > len(shown) else ""
-    return (f"Step {e.step + 1}{of} (block {e.block + 1}): one pass predicted every mask; the {len(e.positions)} "
-            f"{how} were revealed: {items}{more}. {e.masks_left} masks left.")
+    why = f" ({html.escape(e.why)})" if e.why else ""
+    taken = "".join(f" {_quote(view.piece(t))} at position {p + 1} masked again: its probability fell to {c:.2f} "
+                    "once its neighbours were known." for p, t, c in
+                    zip(e.remasked, e.remasked_tokens, e.remask_confidences, strict=True))
+    return (f"Step {e.step + 1}{of} (block {e.block + 1}): one pass predicted every mask; {len(e.positions)} "
+            f"revealed{why}: {items}{more}.{taken} {e.masks_left} masks left.")
 
 
 def _narrate_autoregressive(view: LaneView) -> str:

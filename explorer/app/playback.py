@@ -202,6 +202,19 @@ def initial_frame(methods: tuple[str, ...] = METHODS, settings: Settings | None 
                       "clock).")
 
 
+def preview_frame(current: dict[str, Any] | None, lanes: list[str], *values: Any) -> Any:
+    """Before any run, the waiting lanes follow the controls (the lanes ticked, N, K, blocks, sampler); once a run is
+    shown its frame stays, its headers describing that run."""
+    if current:
+        return gr.skip()
+    try:
+        settings = Settings.from_values(values)
+    except (TypeError, ValueError):
+        return gr.skip()
+    chosen = tuple(m for m in METHODS if m in (lanes or ()))
+    return initial_frame(chosen, settings, "" if chosen else "No lane is ticked: tick at least one under Lanes.")
+
+
 def replay_frame(current: dict[str, Any] | None, at_ms: float, playing: bool = False, caption: str = "") -> str:
     """All lanes of the last run as they were ``at_ms`` milliseconds after each started; a lane not
     finished by then is "running" while playing and "stopped" on a still frame."""

@@ -18,6 +18,7 @@ from functools import lru_cache
 from typing import Any
 
 from explorer.app.diffusion_view import diffusion_body, diffusion_canvas  # noqa: F401 (render.diffusion_canvas)
+from explorer.app.headers import lane_detail
 from explorer.app.tree_view import is_tree, tree_step_html
 from explorer.decoding.events import Event, Proposal, RefinementStep, TokenStep, Trace, Verification
 
@@ -40,6 +41,7 @@ MARKS = {
     "mask": ("mask", "", "[MASK], not yet revealed"),
     "new": ("new", "●", "revealed at this step (green)"),
     "revealed": ("old", "", "committed earlier (underline = confidence)"),
+    "revoked": ("rej", "↺", "masked again by this step (struck through; sampler revoke)"),
 }
 
 
@@ -124,7 +126,7 @@ def legend_html(methods: Sequence[str] = ("autoregressive", "speculative", "diff
     if "speculative" in methods:
         states += ["pending", "accepted", "rejected", "discarded", "resampled", "bonus"]
     if "diffusion" in methods:
-        states += ["mask", "new", "revealed"]
+        states += ["mask", "new", "revealed", "revoked"]
     items = []
     for state in states:
         css, marker, words = MARKS[state]
@@ -234,7 +236,7 @@ def lane_counts(method: str, events: Sequence[Event], max_new_tokens: int) -> di
         return {"tokens": sum(len(v.emitted) for v in ver), "target_passes": target, "draft_passes": draft,
                 "acceptance_rate": accepted / proposed if proposed else None}
     steps = [e for e in events if isinstance(e, RefinementStep)]
-    return {"tokens": sum(len(e.positions) for e in steps), "target_passes": len(steps),
+    return {"tokens": sum(len(e.positions) - len(e.remasked) for e in steps), "target_passes": len(steps),
             "masks_left": steps[-1].masks_left if steps else max_new_tokens}
 
 
@@ -364,25 +366,6 @@ def total_steps(trace: Trace) -> int | None:
     """Verify steps (speculative) or refinement steps (diffusion) of a finished trace; None for AR."""
     kind = {"speculative": Verification, "diffusion": RefinementStep}.get(trace.method)
     return sum(isinstance(e, kind) for e in trace.events) if kind else None
-
-
-def lane_detail(method: str, config: dict[str, Any]) -> str:
-    """A short description of a lane's settings for its header."""
-    if method == "speculative":
-        drafter = config.get("drafter", "model")
-        drafter = "assistant (reads the target's features)" if drafter == "assistant" else drafter
-        shape = f"tree {config['tree']}" if config.get("tree") else f"γ = {config.get('gamma')}"
-        if config.get("draft_confidence") and not config.get("tree"):
-            shape = f"γ ≤ {config.get('gamma')}, cut below {config['draft_confidence']:g}"
-        return f"{drafter} drafter, {shape}"
-    if method == "diffusion":
-        n = config["max_new_tokens"]
-        steps, block = config.get("steps") or n, config.get("block_length") or n
-        extra = f", threshold {config['threshold']}" if config.get("threshold") else ""
-        budget = f"at most K = {steps} passes (adaptive)" if config.get("threshold") else f"K = {steps} steps"
-        cache = f", cache {config['cache']}" if config.get("cache") else ""
-        return f"N = {n}, {budget}, blocks of {block}, {config.get('remasking')}{extra}{cache}"
-    return "one target pass per token"
 
 
 def next_event_time(traces: Sequence[Trace], at_s: float, backwards: bool = False) -> float:

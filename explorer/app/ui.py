@@ -17,6 +17,7 @@ import pandas as pd
 
 from explorer.app import hosting, plots
 from explorer.app.audit_tab import AUDIT_MAX_SAMPLES, run_audit_tab
+from explorer.app.controls import build_settings
 from explorer.app.decide_tab import build_decide_tab
 from explorer.app.handlers import (
     HISTORY_LIMIT,
@@ -30,14 +31,9 @@ from explorer.app.handlers import (
     why_text,
 )
 from explorer.app.lane_settings import (
-    BLOCKS,
-    FLAG_FIELDS,
     SETTING_NAMES,
-    TOKENS_PER_STEP,
     Settings,
     describe_preset,
-    diffusion_plan,
-    preset_settings,
 )
 from explorer.app.measure_tab import (
     MAX_PROMPT_FILE_BYTES,
@@ -59,10 +55,9 @@ from explorer.app.page import (
     STYLE,
     read_text,
 )
-from explorer.app.playback import LIVE, initial_frame, replay_at, replay_play, replay_step
+from explorer.app.playback import LIVE, initial_frame, preview_frame, replay_at, replay_play, replay_step
 from explorer.app.runs import HISTORY_COLUMNS, HISTORY_WIDTHS, RUNS_LIMIT, compare_figure
 from explorer.app.turns import taking_turn
-from explorer.decoding.config import CACHES, DRAFTERS, METHODS, REMASKING
 from explorer.models import DEFAULT_PRESET
 
 MAX_PROMPT_CHARS = 20_000
@@ -139,58 +134,6 @@ def _build_prompt(c: Controls) -> None:
             c.stop = gr.Button("■ Stop", variant="stop", elem_id="stop")
             c.presenter = gr.Checkbox(False, label="Presenter mode", elem_id="presenter",
                                       info="large type, sidebar closed")
-
-
-def _build_settings(c: Controls, default_preset: str) -> list[Any]:
-    """The sidebar: preset, lanes and every decoding control; returns the Settings components."""
-    d = preset_settings(default_preset)
-    choices, hidden_note = hosting.preset_choices()  # GPU presets only where CUDA is; random-gemma4 nowhere
-    c.preset = gr.Dropdown(choices, value=default_preset, label="Preset", info=hidden_note)
-    c.lanes = gr.CheckboxGroup(list(METHODS), value=list(METHODS), label="Lanes",
-                               info="autoregressive = the reference every speedup is measured against")
-    c.speed = gr.Dropdown(SPEEDS, value=LIVE, label="Playback", elem_id="speed",
-                          info="live is fastest; 'timed' decodes each lane alone, so its clock is honest, then "
-                               "replays all of them on one clock at the pace chosen")
-    gr.Markdown("**All lanes**")
-    max_new = gr.Slider(8, 256, value=d.max_new_tokens, step=8, label="max new tokens (N)", elem_id="max-new")
-    temperature = gr.Slider(0, 2, value=d.temperature, step=0.05, label="temperature (0 = greedy)",
-                            elem_id="temperature")
-    top_p = gr.Slider(0.05, 1, value=d.top_p, step=0.05, label="top-p (1 = off)")
-    seed = gr.Number(d.seed, precision=0, label="seed")
-    gr.Markdown("**Speculative**")
-    drafter = gr.Radio(list(DRAFTERS), value=d.drafter, label="drafter")
-    gamma = gr.Slider(1, 16, value=d.gamma, step=1, label="γ (drafts per step, at most)", elem_id="gamma")
-    adaptive = gr.Checkbox(d.adaptive_gamma, label="adaptive γ (+2 after a full acceptance, −1 after a rejection)")
-    tree = gr.Textbox(d.tree, label="token tree (empty: a chain of γ)", placeholder="3,2,1 or dynamic:16",
-                      info="branching per depth, or EAGLE-2's dynamic tree of N nodes; drafters model, early_exit and "
-                           "assistant (an EAGLE head), every precision", elem_id="tree")
-    confidence = gr.Slider(0, 0.95, value=d.draft_confidence, step=0.05, label="stop the draft below this "
-                           "probability (0 = always γ)", elem_id="draft-confidence",
-                           info="a chain's draft ends once the drafter's probability of all of it falls below this "
-                                "(EAGLE-2's value of a draft); γ is then the longest draft")
-    gr.Markdown("**Diffusion** (K and the block length follow N)")
-    per_step = gr.Radio([(f"N/{r}" if r > 1 else "N (one token a pass)", r) for r in TOKENS_PER_STEP],
-                        value=d.tokens_per_step, label="steps K (tokens revealed per pass = N/K)",
-                        elem_id="tokens-per-step")
-    blocks = gr.Radio([(f"N/{b}" if b > 1 else "N (one block)", b) for b in BLOCKS], value=d.blocks,
-                      label="block length (blocks are filled left to right)")
-    remasking = gr.Radio(list(REMASKING), value=d.remasking, label="remasking")
-    threshold = gr.Slider(0, 1, value=d.threshold, step=0.05, label="confidence threshold (0 = off)")
-    cache = gr.Radio(list(CACHES), value=d.cache, label="KV cache (Fast-dLLM)",
-                     info="prefix: prompt and finished blocks; dual: also the masked suffix. Approximate.")
-    flags = gr.CheckboxGroup(list(FLAG_FIELDS), value=list(d.flags), label="options", visible=bool(FLAG_FIELDS))
-    plan = gr.Markdown(plan_text(d.max_new_tokens, d.tokens_per_step, d.blocks), elem_id="diffusion-plan")
-    for control in (max_new, per_step, blocks):
-        control.change(plan_text, [max_new, per_step, blocks], plan, api_visibility="undocumented",
-                       show_progress="hidden", queue=False)
-    return [max_new, temperature, top_p, seed, drafter, gamma, adaptive, per_step, blocks, remasking, threshold, cache,
-            flags, tree, confidence]
-
-
-def plan_text(max_new_tokens: int, tokens_per_step: int, blocks: int) -> str:
-    steps, block = diffusion_plan(max_new_tokens, tokens_per_step, blocks)
-    n = int(max_new_tokens)
-    return f"Diffusion will make **K = {steps}** passes over N = {n} tokens in {n // block} block(s) of {block}."
 
 
 def _build_examples(c: Controls) -> None:
@@ -307,7 +250,7 @@ def build_demo(default_preset: str = DEFAULT_PRESET) -> gr.Blocks:
         gr.Markdown(read_text("intro.md"), elem_id="intro")
         c.history, c.current, c.runs, c.measured = gr.State([]), gr.State(None), gr.State([]), gr.State([])
         with gr.Sidebar(label="Settings", width=330, elem_id="sidebar") as c.sidebar:
-            c.settings = _build_settings(c, default_preset)
+            c.settings = build_settings(c, default_preset, SPEEDS, LIVE)
         _build_prompt(c)
         _build_examples(c)
         _build_lanes(c)
@@ -355,6 +298,9 @@ def _wire(c: Controls, demo: gr.Blocks) -> None:
                "scrubber": c.scrubber, "runs": c.runs, "runs_table": c.runs_table, "show_run": c.show_run,
                "compare": c.compare, "compare_plot": c.compare_plot}
     c.run.click(None, js=SCROLL_JS)
+    for control in (c.lanes, *c.settings):  # the waiting lanes' headers follow the controls
+        control.change(preview_frame, [c.current, c.lanes, *c.settings], c.frame, api_visibility="undocumented",
+                       show_progress="hidden", queue=False)
     run_inputs = [c.prompt, c.preset, c.lanes, *c.settings, c.speed, c.history, c.runs]
     run = c.run.click(with_settings(run_lanes, 3), run_inputs,
                       [outputs[name] for name in RUN_OUTPUTS], api_name="run", show_progress="hidden",
@@ -390,7 +336,7 @@ def _wire(c: Controls, demo: gr.Blocks) -> None:
                        api_visibility="undocumented", queue=False)
     follows = [c.model_info] + [c.settings[SETTING_NAMES.index(n)]
                                 for n in ("drafter", "gamma", "tokens_per_step", "blocks", "threshold",
-                                          "draft_confidence")]
+                                          "draft_confidence", "sampler")]
     describe = taking_turn(describe_preset, "preset load")  # a load never runs beside a decode
     c.preset.change(describe, c.preset, follows, api_visibility="undocumented", **decode_slot)
     demo.load(describe, c.preset, follows, api_visibility="undocumented", **decode_slot)

@@ -6,6 +6,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from explorer.decoding.unmasking import SAMPLERS
 from explorer.errors import ExplorerError
 
 METHODS = ("autoregressive", "speculative", "diffusion")
@@ -41,6 +42,9 @@ class DecodeConfig:
     block_length: int | None = None  # default: max_new_tokens (one block)
     remasking: str = "low_confidence"
     threshold: float | None = None
+    sampler: str = "confidence"  # which positions a pass reveals (and re-masks): decoding/unmasking.py
+    entropy_bound: float | None = None  # sampler "entropy" (and DiffusionGemma's sampler)
+    revoke_below: float | None = None  # sampler "revoke"
     cache: str | None = None  # none | prefix | dual; None: DEFAULT_CACHE where the model takes a KV cache
     # speculative token tree: None or "" = a chain of gamma drafts; "3,2,1" branching per depth; "dynamic:16"
     tree: str | None = None
@@ -77,6 +81,14 @@ OPTION_HELP = {
     "block_length": "diffusion: block length, divides N; blocks are filled left to right (default: N)",
     "remasking": f"diffusion: which predictions a pass keeps: {', '.join(REMASKING)}",
     "threshold": "diffusion: also reveal every position above this confidence, in (0, 1] (Fast-dLLM; default: off)",
+    "sampler": f"diffusion: which masked positions a pass reveals: {', '.join(SAMPLERS)} (confidence: the most "
+               "confident, or all above the threshold; entropy: lowest entropy first within entropy_bound "
+               "(EB-sampler); dilated: as confidence, never two neighbours in one pass; revoke: as confidence, and "
+               "tokens whose probability falls below revoke_below are masked again (WINO))",
+    "entropy_bound": "diffusion, sampler entropy (and DiffusionGemma): the bound on a pass's summed entropy in nats, "
+                     "> 0 (default: 0.5; DiffusionGemma's own)",
+    "revoke_below": "diffusion, sampler revoke: re-mask a committed token whose probability falls below this, in "
+                    "(0, 1) (default: 0.3)",
     "tree": "speculative: draft a token tree instead of a chain: '3,2,1' = children per depth, 'dynamic:16' = "
             "best-first by cumulative draft probability up to 16 nodes (drafters model, early_exit; default: chain)",
     "cache": f"diffusion KV cache: {', '.join(CACHES)} (default: {DEFAULT_CACHE!r} where the model takes one)",
@@ -92,13 +104,14 @@ SETUP_OPTIONS = {
     "autoregressive": COMMON_SETUP,
     "speculative": ("drafter", "gamma", "draft_confidence", "tree", "adaptive_gamma", "max_ngram", "early_exit_layers",
                     "draft_passes") + COMMON_SETUP,
-    "diffusion": ("steps", "block_length", "remasking", "threshold", "cache") + COMMON_SETUP,
+    "diffusion": ("sampler", "steps", "block_length", "remasking", "threshold", "entropy_bound", "revoke_below",
+                  "cache") + COMMON_SETUP,
 }
 NOT_SETUP = ("seed",)
 # how a setup label names an option (the rest by their own name)
 SETUP_NAMES = {"max_new_tokens": "N", "temperature": "T", "gamma": "γ", "draft_confidence": "cut", "steps": "K",
                "block_length": "block", "top_k": "top-k", "top_p": "top-p"}
-ALWAYS_SHOWN = ("max_new_tokens", "temperature", "drafter", "gamma", "steps", "block_length")
+ALWAYS_SHOWN = ("max_new_tokens", "temperature", "drafter", "gamma", "sampler", "steps", "block_length")
 
 
 def setup_items(method: str, config: Any, precision: str | None = None) -> tuple[tuple[str, Any], ...]:
@@ -124,7 +137,7 @@ def setup_label(method: str, config: Any, precision: str | None = None) -> str:
     for name, value in setup_items(method, config, precision):
         if name == "precision":
             bits.append(str(value) if value is not None else "precision ?")
-        elif name == "drafter":
+        elif name in ("drafter", "sampler"):
             bits.append(str(value))
         elif name in ALWAYS_SHOWN or value != defaults.get(name):
             shown = "off" if value is None else f"{value:g}" if isinstance(value, float) else value
@@ -134,6 +147,10 @@ def setup_label(method: str, config: Any, precision: str | None = None) -> str:
 
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def _require(ok: bool, message: str) -> None:
@@ -233,6 +250,14 @@ def _validate_diffusion(cfg: DecodeConfig) -> None:
     th = cfg.threshold
     _require(th is None or (isinstance(th, (int, float)) and math.isfinite(th) and 0 < th <= 1),
              f"threshold must be in (0, 1] (got {th!r})")
+    _require(cfg.sampler in SAMPLERS, f"unknown sampler {cfg.sampler!r}; choose one of {', '.join(SAMPLERS)}")
+    eb = cfg.entropy_bound
+    _require(eb is None or (_is_number(eb) and math.isfinite(eb) and eb > 0),
+             f"entropy_bound must be a number > 0 (got {eb!r})")
+    rb = cfg.revoke_below
+    _require(rb is None or (_is_number(rb) and 0 < rb < 1), f"revoke_below must be in (0, 1) (got {rb!r})")
+    _require(rb is None or cfg.sampler == "revoke",
+             f"revoke_below is the revoke sampler's (sampler is {cfg.sampler!r})")
 
 
 def validate_prompt(prompt: Any) -> str:

@@ -31,6 +31,7 @@ from explorer.decoding.config import DEFAULT_CACHE, DecodeConfig
 from explorer.decoding.events import DecodeResult, Event, RefinementStep
 from explorer.decoding.registry import diffusion_sampler
 from explorer.decoding.sampling import fast_argmax, make_generator, sanitize_logits, warp_logits
+from explorer.decoding.unmasking import Pass, plan_pass
 from explorer.errors import ExplorerError
 from explorer.runtime import Models, timed_forward
 
@@ -42,8 +43,8 @@ def reveal_schedule(masked: int, steps: int) -> list[int]:
 
 
 def predict_tokens(logits: torch.Tensor, cfg: DecodeConfig, gen: torch.Generator,
-                   banned: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits (B, V) -> predicted tokens (B,) and their confidences (B,) in float64."""
+                   banned: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """logits (B, V) -> predicted tokens (B,), their confidences (B,) and the distributions (B, V), in float64."""
     logits = sanitize_logits(logits.double())
     logits[:, banned] = float("-inf")  # never "reveal" a mask (or pad) token
     if cfg.top_k or (cfg.top_p is not None and cfg.top_p < 1):
@@ -55,21 +56,12 @@ def predict_tokens(logits: torch.Tensor, cfg: DecodeConfig, gen: torch.Generator
         tokens = fast_argmax(logits / cfg.temperature - torch.log(-torch.log(u)))  # Gumbel-max
     else:
         tokens = fast_argmax(logits)
+    probs = torch.softmax(logits, -1)
     if cfg.remasking == "random":
         confidence = torch.rand(tokens.shape, generator=gen, dtype=torch.float64, device="cpu").to(tokens.device)
     else:
-        confidence = torch.softmax(logits, -1).gather(-1, tokens[:, None])[:, 0]
-    return tokens, confidence
-
-
-def choose_positions(confidence: torch.Tensor, still_masked: torch.Tensor, count: int,
-                     threshold: float | None) -> torch.Tensor:
-    """Indices (within the block) to reveal this step."""
-    confidence = torch.where(still_masked, confidence, torch.full_like(confidence, float("-inf")))
-    if threshold is not None:
-        count = max(1, int(((confidence > threshold) & still_masked).sum()))
-    count = min(count, int(still_masked.sum()))
-    return torch.topk(confidence, count).indices
+        confidence = probs.gather(-1, tokens[:, None])[:, 0]
+    return tokens, confidence, probs
 
 
 def _takes(model: nn.Module, argument: str) -> bool:
@@ -171,6 +163,7 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig, r
         start, end = lo - shift, (total if mode == "prefix" else lo + block_len)  # what a cached pass feeds
         schedule = reveal_schedule(block_len, steps_per_block)
         s, cache = 0, None
+        revoked = torch.zeros(block_len, dtype=torch.bool)  # positions a pass of this block masked again
         while bool((x[0, lo:lo + block_len] == mask_id).any()) and not (
                 stop_at_end and answer_ended(x, p_len, mask_id, eos)):
             if mode == "none":
@@ -182,23 +175,32 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig, r
                     dt, fed = dt + dt2, fed + fed2
             else:
                 logits, dt, fed = denoise(model, x, start, end, rows, cache)
-            tokens, confidence = predict_tokens(logits, cfg, gen, banned)
-            still = x[0, lo:lo + block_len] == mask_id
+            tokens, confidence, probs = predict_tokens(logits, cfg, gen, banned)
+            before = x[0, lo:lo + block_len].clone()
+            still = before == mask_id
             count = schedule[s] if s < len(schedule) else 1
-            chosen = choose_positions(confidence, still, count, cfg.threshold)
-            if len(chosen) == 0 or not bool(still[chosen].all()):  # a pass that reveals nothing would loop forever
-                raise ExplorerError(f"diffusion pass {step + 1} (block {block + 1}) revealed no masked position: "
-                                    "the sampler chose none, or an already revealed one")
-            x[0, lo + chosen] = tokens[chosen]
+            plan = plan_pass(Pass(tokens, confidence, probs, still, before, count, (~still & ~revoked).cpu()), cfg)
+            reveal, remask = list(plan.reveal), list(plan.remask)
+            if not reveal or not all(bool(still[i]) for i in reveal) or len(remask) > len(reveal) or any(
+                    bool(still[i]) or bool(revoked[i]) for i in remask):  # else a pass could loop forever
+                raise ExplorerError(f"diffusion pass {step + 1} (block {block + 1}): the {cfg.sampler} sampler "
+                                    f"revealed {len(reveal)} and re-masked {len(remask)} positions; a pass must "
+                                    "reveal masked positions and re-mask at most as many revealed ones, each once")
+            revoked[remask] = True
+            x[0, [lo + i for i in reveal]] = tokens[reveal]
+            x[0, [lo + i for i in remask]] = mask_id
             now = time.perf_counter()
-            positions = [block * block_len + int(i) for i in chosen]
-            for pos in positions:
-                revealed_t[pos] = now - t0
+            for i in reveal:
+                revealed_t[block * block_len + i] = now - t0
             passes, forward_s, s, step, fed_total = passes + 1, forward_s + dt, s + 1, step + 1, fed_total + fed
-            yield RefinementStep(t=now, step=step - 1, block=block, positions=tuple(positions),
-                                 tokens=tuple(int(tokens[i]) for i in chosen),
-                                 confidences=tuple(float(confidence[i]) for i in chosen),
-                                 masks_left=int((x[0, p_len:] == mask_id).sum()), forward_s=dt, fed_tokens=fed)
+            yield RefinementStep(t=now, step=step - 1, block=block,
+                                 positions=tuple(block * block_len + i for i in reveal),
+                                 tokens=tuple(int(tokens[i]) for i in reveal),
+                                 confidences=tuple(float(confidence[i]) for i in reveal),
+                                 masks_left=int((x[0, p_len:] == mask_id).sum()), forward_s=dt, fed_tokens=fed,
+                                 remasked=tuple(block * block_len + i for i in remask),
+                                 remasked_tokens=tuple(int(before[i]) for i in remask),
+                                 remask_confidences=tuple(float(probs[i, before[i]]) for i in remask), why=plan.why)
     out = x[0, p_len:].tolist()
     if eos is not None and eos in out:
         out = out[: out.index(eos) + 1]

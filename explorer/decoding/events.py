@@ -80,7 +80,8 @@ class Verification:
 
 @dataclass(frozen=True)
 class RefinementStep:
-    """One denoiser pass of masked diffusion: which positions were revealed and with what."""
+    """One denoiser pass of masked diffusion: which positions were revealed and with what (and which, if any, were
+    masked again: ``remasked`` are applied before ``positions``)."""
 
     t: float
     step: int
@@ -91,6 +92,10 @@ class RefinementStep:
     masks_left: int
     forward_s: float
     fed_tokens: int = 0  # positions this pass ran through the model (fewer with a KV cache)
+    remasked: tuple[int, ...] = ()  # output positions masked again by this pass (sampler "revoke")
+    remasked_tokens: tuple[int, ...] = ()  # the tokens they held
+    remask_confidences: tuple[float, ...] = ()  # those tokens' probability under this pass
+    why: str = ""  # the sampler's reason, in words
 
 
 Event = TokenStep | Proposal | Verification | RefinementStep

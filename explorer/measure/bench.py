@@ -43,7 +43,7 @@ from explorer.measure.metrics import (
     request_row,
     summarize,
 )
-from explorer.measure.workload import PromptSet, ignoring_eos, score_quality
+from explorer.measure.workload import QUALITY_COLUMNS, PromptSet, ignoring_eos, score_quality
 from explorer.models import Models
 
 SWEEPS = ("bench", "gamma", "temperature", "drafter", "drafter_gamma", "diffusion", "cache", "batch", "memory")
@@ -260,7 +260,7 @@ def summarize_requests(frame: pd.DataFrame) -> pd.DataFrame:
                "draft_passes_per_step": g["draft_forward_passes"].sum() / steps if steps else float("nan"),
                "step_forward_s": g["step_forward_s"].mean(), "draft_pass_s": g["draft_pass_s"].mean(),
                "overhead_per_token_s": g["overhead_s"].sum() / max(1, g["new_tokens"].sum())}
-        for col in ("perplexity", "token_entropy_bits"):
+        for col in QUALITY_COLUMNS:
             if col in g:
                 row[f"{col}_mean"] = g[col].mean()
         extra.append(row)
@@ -306,7 +306,8 @@ SUMMARY_COLUMNS = [("requests", "n", 1), ("latency_p50_s", "lat p50 ms", 1e3), (
                    ("itl_p99_s", "itl p99", 1e3), ("acceptance_rate_pooled", "accept", 1),
                    ("tokens_per_target_pass", "tok/pass", 1), ("tokens_per_s", "tok/s", 1), ("speedup", "speedup", 1),
                    ("predicted_speedup_forward", "pred(fwd)", 1), ("perplexity_mean", "ppl", 1),
-                   ("token_entropy_bits_mean", "H bits", 1)]
+                   ("token_entropy_bits_mean", "H bits", 1), ("distinct_3_mean", "dist-3", 1),
+                   ("repeat_rate_mean", "repeats", 1)]
 
 
 def format_summary(table: pd.DataFrame) -> str:

@@ -295,6 +295,7 @@ def diffusion_rows(models: Models, sets: list[PromptSet], s: DecideSettings, gro
     frame["seconds_per_token"] = frame["latency_s"] / frame["new_tokens"].clip(lower=1)
     ar = frame[frame["method"] == AR]
     ar_ppl = float(np.median(ar["perplexity"]))
+    ar_repeats = float(np.nanmean(ar["repeat_rate"]))
     rows = []
     for label, g in frame[frame["method"] == "diffusion"].groupby("config", sort=False):
         ppl = float(np.median(g["perplexity"]))
@@ -302,6 +303,7 @@ def diffusion_rows(models: Models, sets: list[PromptSet], s: DecideSettings, gro
         holds = bool(ppl <= 2 * ar_ppl)
         rows.append({"config": label, "N": n, "passes_per_request": float(g["target_forward_passes"].mean()),
                      "median_perplexity": ppl, "ar_median_perplexity": ar_ppl, "quality_holds": holds,
+                     "repeat_rate": float(np.nanmean(g["repeat_rate"])), "ar_repeat_rate": ar_repeats,
                      "speedup_vs_ar": speed[0], "speedup_lo": speed[1], "speedup_hi": speed[2],
                      "beats_ar": bool(holds and speed[1] > 1), "requests": int(len(g))})
     return rows

@@ -37,7 +37,7 @@ from explorer.measure.report import (
     tail_latency_figure,
     throughput_figure,
 )
-from explorer.measure.workload import PromptSet
+from explorer.measure.workload import QUALITY_COLUMNS, PromptSet
 from explorer.models import Models
 
 # ---------------------------------------------------------------------------------------------
@@ -167,7 +167,7 @@ def cache_table(frame: pd.DataFrame) -> pd.DataFrame:
                "speedup_vs_none": none["latency_s"].mean() / g["latency_s"].mean(),
                "speedup_vs_ar": ar[n] / g["latency_s"].mean(), "agreement_with_none": float(np.mean(agree)),
                "passes": g["target_forward_passes"].mean(), "fed_per_pass": g["fed_per_pass"].mean()}
-        for col in ("perplexity", "token_entropy_bits"):
+        for col in QUALITY_COLUMNS:
             if col in g:
                 row[col] = g[col].median()
         rows.append(row)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,6 +146,15 @@ def distinct_ngram_ratio(tokens: list[int], n: int = 3) -> float:
     return len(set(grams)) / len(grams) if grams else float("nan")
 
 
+def adjacent_repeat_rate(text: str) -> float:
+    """Share of words that repeat the word just before them ("plants plants"), case-folded, punctuation ignored;
+    NaN for fewer than two words. Code's own repeats (``x = x``) count too: compare against the target's rate."""
+    words = re.findall(r"[^\W_]+(?:'[^\W_]+)?", text.lower())
+    if len(words) < 2:
+        return float("nan")
+    return sum(a == b for a, b in zip(words, words[1:], strict=False)) / (len(words) - 1)
+
+
 @torch.inference_mode()
 def generative_perplexity(judge: torch.nn.Module, context_ids: list[int], output_ids: list[int]) -> float:
     """exp(mean NLL of the output tokens given the context) under the judge; NaN for no output."""
@@ -159,15 +169,20 @@ def generative_perplexity(judge: torch.nn.Module, context_ids: list[int], output
     return float(torch.exp(nll))
 
 
+QUALITY_COLUMNS = ("perplexity", "token_entropy_bits", "distinct_3", "repeat_rate")  # what score_quality gives
+
+
 def score_quality(models: Models, trace: Trace) -> dict[str, float]:
-    """Generative perplexity under the preset's target (a fixed judge) and token entropy."""
+    """Generative perplexity under the preset's target (a fixed judge), token entropy, distinct 3-grams and the
+    rate of adjacent repeated words."""
     context, output = trace.prompt_ids, trace.token_ids
     if trace.method == "diffusion" and models.diffusion_tokenizer is not models.tokenizer:
         # another tokenizer: the judge re-reads the text with its own
         context = list(models.tokenizer(trace.prompt).input_ids)
         output = list(models.tokenizer(trace.text).input_ids)
     return {"perplexity": generative_perplexity(models.target, context, output),
-            "token_entropy_bits": token_entropy_bits(trace.token_ids)}
+            "token_entropy_bits": token_entropy_bits(trace.token_ids),
+            "distinct_3": distinct_ngram_ratio(trace.token_ids), "repeat_rate": adjacent_repeat_rate(trace.text)}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from transformers import DynamicCache
 
 from explorer.decoding.config import DecodeConfig
 from explorer.decoding.events import DecodeResult, Event, RefinementStep
+from explorer.decoding.unmasking import entropy_bounded
 from explorer.runtime import Models, synchronize
 
 # Defaults of DiffusionGemmaGenerationConfig._get_default_generation_params (used when a checkpoint sets none).
@@ -46,8 +47,8 @@ class DiffusionGemmaSettings:
 
 def diffusion_gemma_settings(model: nn.Module, cfg: DecodeConfig) -> DiffusionGemmaSettings:
     """Map the explorer's options onto DiffusionGemma's: steps per canvas = steps / canvases;
-    ``threshold`` is the entropy bound; temperature 0 keeps the model's own schedule (t_max -> t_min),
-    a temperature T > 0 runs the schedule T -> T/2."""
+    ``entropy_bound`` is the sampler's bound (the checkpoint's own when unset); temperature 0 keeps the model's
+    own schedule (t_max -> t_min), a temperature T > 0 runs the schedule T -> T/2."""
     gc = getattr(model, "generation_config", None)
     sampler = getattr(gc, "sampler_config", None)
 
@@ -57,7 +58,8 @@ def diffusion_gemma_settings(model: nn.Module, cfg: DecodeConfig) -> DiffusionGe
 
     canvases = math.ceil(cfg.max_new_tokens / model.config.canvas_length)
     steps = max(1, cfg.diffusion_steps // canvases) if cfg.steps is not None else default("max_denoising_steps")
-    bound = cfg.threshold or (sampler.entropy_bound if sampler is not None else DIFFUSION_DEFAULTS["entropy_bound"])
+    bound = cfg.entropy_bound if cfg.entropy_bound is not None else (
+        sampler.entropy_bound if sampler is not None else DIFFUSION_DEFAULTS["entropy_bound"])
     t_min, t_max = (default("t_min"), default("t_max")) if cfg.temperature == 0 else (
         cfg.temperature / 2, cfg.temperature)
     return DiffusionGemmaSettings(steps, float(bound), float(t_min), float(t_max), default("stability_threshold"),
@@ -65,12 +67,10 @@ def diffusion_gemma_settings(model: nn.Module, cfg: DecodeConfig) -> DiffusionGe
 
 
 def accept_by_entropy(logits: torch.Tensor, bound: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Entropy-bound acceptance (EB-sampler, Ben-Hamu et al. 2025, arXiv 2505.24857): accept the k
-    lowest-entropy positions with sum(entropy) - max(entropy) <= bound. Returns (mask, entropies)."""
+    """Entropy-bound acceptance over the whole canvas (the diffusion lane's ``entropy`` sampler, one rule):
+    returns (mask, entropies)."""
     entropy = torch.distributions.Categorical(logits=logits).entropy()  # (B, C)
-    sorted_entropy, order = torch.sort(entropy, dim=-1, descending=False)
-    keep = torch.cumsum(sorted_entropy, dim=-1) - sorted_entropy <= bound
-    return torch.scatter(torch.zeros_like(keep), -1, order, keep), entropy
+    return entropy_bounded(entropy, bound), entropy
 
 
 def decode_diffusion_gemma(models: Models, prompt_ids: list[int],

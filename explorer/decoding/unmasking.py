@@ -1,0 +1,132 @@
+"""Which masked positions a diffusion pass commits, and which committed ones it takes back: the diffusion lane's
+samplers, one short function each, chosen by ``DecodeConfig.sampler``.
+
+Every rule reads one pass's predictions over the current block (``Pass``) and returns a ``Plan``: the block
+positions to reveal, the block positions to re-mask, and why, in words the narration shows. Each rule reveals at
+least one masked position; ``revoke`` re-masks at most as many as it reveals, and a position at most once per
+block, so a block of B positions ends filled within 2B passes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+SAMPLERS = ("confidence", "entropy", "dilated", "revoke")
+DEFAULT_SAMPLER = "confidence"
+DEFAULT_ENTROPY_BOUND = 0.5  # nats; the entropy sampler's bound when none is given
+DEFAULT_REVOKE_BELOW = 0.3  # revoke: re-mask a committed token whose probability falls below this
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One denoiser pass over a block of B positions."""
+
+    tokens: torch.Tensor  # (B,) the token predicted at each position
+    confidence: torch.Tensor  # (B,) float64: the score a rule ranks by (the predicted token's probability)
+    probs: torch.Tensor  # (B, V) float64: the predictive distribution at each position
+    masked: torch.Tensor  # (B,) bool: still masked before this pass
+    canvas: torch.Tensor  # (B,) the tokens on the canvas before this pass (mask id where masked)
+    count: int  # how many the step schedule asks for (K passes over the block)
+    revocable: torch.Tensor | None = None  # (B,) bool: committed and never masked again in this block
+
+    @property
+    def entropy(self) -> torch.Tensor:
+        p = self.probs
+        return -(p * torch.log(p.clamp_min(1e-300))).sum(-1)
+
+
+@dataclass(frozen=True)
+class Plan:
+    reveal: tuple[int, ...]
+    remask: tuple[int, ...] = ()
+    why: str = ""
+
+
+def _masked_by(score: torch.Tensor, masked: torch.Tensor, descending: bool = True) -> list[int]:
+    """Masked positions ordered by ``score`` (ties: the leftmost first)."""
+    idx = [int(i) for i in masked.nonzero()[:, 0]]
+    return sorted(idx, key=lambda i: (-float(score[i]) if descending else float(score[i]), i))
+
+
+def by_confidence(p: Pass, threshold: float | None) -> Plan:
+    """LLaDA's low-confidence remasking (Nie et al. 2025, Alg. 5): reveal the ``count`` most confident masked
+    positions; with a threshold (Fast-dLLM, Wu et al. 2025, Sec. 3.2), every one above it, at least the most
+    confident one."""
+    order = _masked_by(p.confidence, p.masked)
+    if threshold is None:
+        return Plan(tuple(order[:max(1, p.count)]), why=f"the {min(len(order), max(1, p.count))} most confident")
+    above = [i for i in order if float(p.confidence[i]) > threshold]
+    if not above:
+        return Plan(tuple(order[:1]), why=f"none above {threshold:g}: the most confident one")
+    return Plan(tuple(above), why=f"{len(above)} above the confidence {threshold:g}")
+
+
+def entropy_bounded(entropy: torch.Tensor, bound: float) -> torch.Tensor:
+    """EB-sampler's set (Ben-Hamu et al. 2025, arXiv 2505.24857): along the last axis, the lowest-entropy positions
+    whose summed entropy minus its largest stays within ``bound``; always at least the lowest. An infinite entropy
+    marks a position that may not be chosen. Returns a bool mask the shape of ``entropy``."""
+    ordered, order = torch.sort(entropy, dim=-1)
+    keep = torch.cumsum(ordered, dim=-1) - ordered <= bound  # inf - inf is NaN: never kept
+    return torch.scatter(torch.zeros_like(keep), -1, order, keep)
+
+
+def by_entropy(p: Pass, bound: float) -> Plan:
+    """EB-sampler: reveal masked positions in order of entropy while their summed entropy, less the largest, stays
+    under the bound: several near-certain positions together, one uncertain one alone."""
+    entropy = torch.where(p.masked, p.entropy, torch.full_like(p.entropy, float("inf")))
+    chosen = [int(i) for i in entropy_bounded(entropy, bound).nonzero()[:, 0]]
+    chosen = sorted(chosen, key=lambda i: (float(entropy[i]), i))
+    total = float(entropy[chosen].sum()) - float(entropy[chosen].max())
+    return Plan(tuple(chosen), why=f"{len(chosen)} revealed: summed entropy {total:.2f} (less the largest) "
+                                   f"within the bound {bound:g}")
+
+
+def dilated(p: Pass, threshold: float | None) -> Plan:
+    """Non-adjacent scheduling (after Luxembourg et al. 2025, "Plan for Speed: Dilated Scheduling for Masked
+    Diffusion Language Models"): as ``by_confidence``, but no two positions revealed in one pass are neighbours,
+    so no two neighbours are guessed independently of each other."""
+    order = _masked_by(p.confidence, p.masked)
+    taken: list[int] = []
+    for i in order:
+        if taken and (len(taken) >= p.count if threshold is None else float(p.confidence[i]) <= threshold):
+            break
+        if all(abs(i - j) > 1 for j in taken):
+            taken.append(i)
+    skipped = (threshold is not None and any(float(p.confidence[i]) > threshold and i not in taken for i in order))
+    rule = f"above the confidence {threshold:g}" if threshold is not None else "most confident"
+    note = ", their neighbours left for the next pass" if skipped else ""
+    return Plan(tuple(taken), why=f"{len(taken)} {rule}, no two adjacent{note}")
+
+
+def revoke(p: Pass, threshold: float | None, below: float) -> Plan:
+    """Revokable decoding (WINO, Hong et al. 2025; ReMDM's remasking, Wang et al. 2025): reveal generously (as
+    ``by_confidence``), and re-check every token committed by an earlier pass of the block against this pass's
+    prediction, which now sees its neighbours: one whose probability has fallen below ``below`` is masked again,
+    the least likely first, at most as many as this pass reveals and each position once per block."""
+    plan = by_confidence(p, threshold)
+    revocable = ~p.masked if p.revocable is None else p.revocable & ~p.masked
+    committed = revocable.nonzero()[:, 0]
+    now = p.probs[committed, p.canvas[committed]] if len(committed) else torch.zeros(0, dtype=torch.float64)
+    fallen = sorted((float(c), int(i)) for c, i in zip(now, committed, strict=True) if float(c) < below)
+    remask = tuple(i for _, i in fallen[:len(plan.reveal)])
+    if not remask:
+        return plan
+    return Plan(plan.reveal, remask, why=f"{plan.why}; {len(remask)} re-masked (probability now below {below:g})")
+
+
+RULES: dict[str, Callable[..., Plan]] = {
+    "confidence": lambda p, cfg: by_confidence(p, cfg.threshold),
+    "entropy": lambda p, cfg: by_entropy(p, cfg.entropy_bound if cfg.entropy_bound is not None
+                                         else DEFAULT_ENTROPY_BOUND),
+    "dilated": lambda p, cfg: dilated(p, cfg.threshold),
+    "revoke": lambda p, cfg: revoke(p, cfg.threshold, cfg.revoke_below if cfg.revoke_below is not None
+                                    else DEFAULT_REVOKE_BELOW),
+}
+
+
+def plan_pass(p: Pass, cfg: object) -> Plan:
+    """The plan of ``cfg.sampler`` (a DecodeConfig) for this pass."""
+    return RULES[cfg.sampler](p, cfg)  # type: ignore[attr-defined]

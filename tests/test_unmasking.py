@@ -1,0 +1,111 @@
+"""The diffusion samplers (decoding/unmasking.py): each rule on a hand-worked pass, and through the decoder."""
+
+import math
+
+import pytest
+import torch
+
+import explorer
+from explorer.decoding.config import DecodeConfig, validate
+from explorer.decoding.events import RefinementStep
+from explorer.decoding.unmasking import SAMPLERS, Pass, by_confidence, by_entropy, dilated, entropy_bounded, revoke
+from explorer.errors import ExplorerError
+
+
+def make_pass(rows, masked, canvas=None, count=1, revocable=None):
+    """rows: one distribution per position (over a 4-token vocabulary); the predicted token is each row's argmax."""
+    probs = torch.tensor(rows, dtype=torch.float64)
+    tokens = probs.argmax(-1)
+    masked = torch.tensor(masked)
+    canvas = torch.tensor(canvas if canvas is not None else [9] * len(rows))
+    return Pass(tokens, probs.gather(-1, tokens[:, None])[:, 0], probs, masked, canvas, count,
+                None if revocable is None else torch.tensor(revocable))
+
+
+SURE, LIKELY, UNSURE = [0.97, 0.01, 0.01, 0.01], [0.8, 0.1, 0.05, 0.05], [0.4, 0.3, 0.2, 0.1]
+
+
+def test_entropy_bound_reveals_lowest_entropy_first_while_the_sum_less_the_largest_is_within_the_bound():
+    rows = [UNSURE, SURE, LIKELY, SURE, UNSURE]
+    h = [-sum(p * math.log(p) for p in r) for r in rows]  # SURE 0.168, LIKELY 0.708, UNSURE 1.280
+    p = make_pass(rows, [True] * 5)
+    # sorted: SURE(1), SURE(3), LIKELY(2), UNSURE(0), UNSURE(4); the k-th is kept while the first k-1 sum <= bound
+    assert sorted(by_entropy(p, 0.1).reveal) == [1]  # the second SURE would make the sum 0.168 > 0.1
+    assert sorted(by_entropy(p, 0.2).reveal) == [1, 3]
+    assert sorted(by_entropy(p, h[1] + h[3] + 1e-9).reveal) == [1, 2, 3]
+    assert sorted(by_entropy(p, h[1] + h[3] + h[2] + 1e-9).reveal) == [0, 1, 2, 3]
+    assert by_entropy(make_pass(rows, [True, False, True, False, True]), 0.0).reveal == (2,)  # only masked ones
+    # the shared rule over a whole row, as DiffusionGemma uses it: an infinite entropy is never chosen
+    assert entropy_bounded(torch.tensor([0.3, float("inf"), 0.1]), 5.0).tolist() == [True, False, True]
+    assert "within the bound 0.2" in by_entropy(p, 0.2).why
+
+
+def test_dilated_never_reveals_two_neighbours_in_one_pass():
+    rows = [SURE, SURE, SURE, LIKELY, SURE, UNSURE]
+    p = make_pass(rows, [True] * 6, count=3)
+    assert by_confidence(p, 0.5).reveal == (0, 1, 2, 4, 3)  # the confidence rule takes the neighbours together
+    assert dilated(p, 0.5).reveal == (0, 2, 4)  # 1 and 3 wait for the next pass
+    assert dilated(p, None).reveal == (0, 2, 4)  # the schedule's count, non-adjacent
+    assert dilated(make_pass(rows, [True] * 6, count=1), None).reveal == (0,)
+    assert dilated(make_pass(rows, [False, True, True, True, True, True]), 0.99).reveal == (1,)  # at least one
+    assert "no two adjacent" in dilated(p, 0.5).why
+
+
+def test_revoke_remasks_committed_tokens_whose_probability_fell_at_most_as_many_as_revealed():
+    # positions 0 and 1 were committed as token 2 ("plants plants"); this pass gives token 2 at 1 only 0.05
+    rows = [[0.1, 0.1, 0.7, 0.1], [0.9, 0.03, 0.05, 0.02], SURE, SURE, UNSURE]
+    p = make_pass(rows, [False, False, True, True, True], canvas=[2, 2, 9, 9, 9])
+    plan = revoke(p, 0.9, 0.3)
+    assert plan.reveal == (2, 3) and plan.remask == (1,)  # 0 still holds at 0.7
+    assert "1 re-masked" in plan.why
+    assert revoke(make_pass(rows, [False, False, True, True, True], canvas=[2, 2, 9, 9, 9]), 0.99, 0.3).remask == (1,)
+    # at most as many as revealed: two fell, one revealed
+    rows2 = [[0.9, 0.05, 0.03, 0.02], [0.9, 0.03, 0.05, 0.02], SURE, UNSURE]
+    two_fell = make_pass(rows2, [False, False, True, True], canvas=[2, 2, 9, 9])
+    assert revoke(two_fell, 0.99, 0.3).remask == (0,)  # the least likely: 0.03 < 0.05
+    # a position masked again once in this block is not revocable twice
+    p3 = make_pass(rows, [False, False, True, True, True], canvas=[2, 2, 9, 9, 9],
+                   revocable=[True, False, False, False, False])
+    assert revoke(p3, 0.9, 0.3).remask == ()
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_every_sampler_fills_the_canvas_and_its_events_replay_to_the_output(random_models, sampler):
+    options = {"threshold": 0.02} if sampler != "entropy" else {"entropy_bound": 4.0}
+    if sampler == "revoke":
+        options["revoke_below"] = 0.5
+    trace = explorer.decode("diffusion", random_models, "def f(x):", max_new_tokens=16, block_length=8, seed=3,
+                            sampler=sampler, **options)
+    steps = [e for e in trace.events if isinstance(e, RefinementStep)]
+    canvas = [None] * 16
+    for e in steps:
+        assert set(e.remasked) <= {i for i, c in enumerate(canvas) if c is not None}
+        for pos in e.remasked:
+            canvas[pos] = None
+        for pos, tok in zip(e.positions, e.tokens, strict=True):
+            assert canvas[pos] is None
+            canvas[pos] = tok
+        if sampler != "revoke":
+            assert not e.remasked
+    assert None not in canvas and steps[-1].masks_left == 0  # revocation never leaves a mask behind
+    assert canvas[:len(trace.token_ids)] == trace.token_ids
+    assert trace.config["sampler"] == sampler and all(e.why for e in steps)
+
+
+def test_revoke_masks_again_on_a_real_decode(random_models):
+    """On the random model every committed token is unlikely, so a generous revoke re-masks (bounded, and ends)."""
+    trace = explorer.decode("diffusion", random_models, "def f(x):", max_new_tokens=16, block_length=8, seed=3,
+                            sampler="revoke", revoke_below=0.9)  # one revealed a pass (K = N)
+    steps = [e for e in trace.events if isinstance(e, RefinementStep)]
+    assert sum(len(e.remasked) for e in steps) > 0
+    assert len(steps) <= 2 * 16 and steps[-1].masks_left == 0
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"sampler": "greedy"}, "unknown sampler"), ({"sampler": "entropy", "entropy_bound": 0}, "entropy_bound"),
+    ({"sampler": "entropy", "entropy_bound": float("nan")}, "entropy_bound"),
+    ({"sampler": "revoke", "revoke_below": 1.0}, "revoke_below"),
+    ({"sampler": "confidence", "revoke_below": 0.3}, "revoke sampler's")])
+def test_sampler_options_are_validated(options, message):
+    with pytest.raises(ExplorerError, match=message):
+        validate("diffusion", DecodeConfig(**options))
