@@ -15,9 +15,9 @@ from dataclasses import fields
 import explorer
 from explorer.app.hosting import deploy_space
 from explorer.decoding.config import METHODS, DecodeConfig, validate, validate_prompt
-from explorer.decoding.flags import add_model_arguments, add_option_arguments, option_help
 from explorer.engine import commands as engine_commands
 from explorer.errors import ExplorerError
+from explorer.flags import add_model_arguments, add_option_arguments, option_help
 from explorer.measure import bench_cli, decide_cli
 from explorer.models import DEFAULT_PRESET
 from explorer.precision import kernels

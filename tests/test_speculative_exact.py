@@ -3,6 +3,8 @@
 Greedy: token-for-token equal to our autoregressive decoder and to transformers' generate.
 Sampling: the empirical distribution of the first two tokens matches the exact target
 distribution computed by enumeration (chi-square), and a broken variant fails the same test.
+Every drafter the registry names (config.DRAFTERS, and the families' own behind those names) is tested by
+construction: the parameters are the registry, so a new drafter is tested the moment it is registered.
 """
 
 import itertools
@@ -16,7 +18,9 @@ from scipy import stats
 
 import explorer
 from explorer.decoding import acceptance, speculative
-from explorer.decoding.config import DecodeConfig
+from explorer.decoding.config import DRAFTERS, TREE_DRAFTERS, DecodeConfig
+from explorer.decoding.draft import Draft
+from explorer.decoding.drafters import available_drafters
 from explorer.decoding.events import Proposal
 from explorer.models import Models, Preset, build_random_llama
 
@@ -31,7 +35,11 @@ def hf_greedy(models, prompt, n):
     return out[0, ids.shape[1]:].tolist()
 
 
-@pytest.mark.parametrize("drafter", ["model", "prompt_lookup", "early_exit"])
+def test_the_random_bundle_runs_every_registered_drafter(random_models):
+    assert available_drafters(random_models) == list(DRAFTERS), "a drafter the greedy tests below would skip"
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS)
 def test_greedy_speculative_equals_autoregressive_and_hf_generate(random_models, drafter):
     cases = [(p, seed) for p in PROMPTS for seed in (0, 1)]  # 20 prompt/seed cases
     accepted = rejected = 0
@@ -46,14 +54,14 @@ def test_greedy_speculative_equals_autoregressive_and_hf_generate(random_models,
     for prompt in PROMPTS:
         ar = explorer.decode("autoregressive", random_models, prompt, max_new_tokens=13)
         assert ar.token_ids == hf_greedy(random_models, prompt, 13)
-    if drafter != "prompt_lookup":  # random text rarely repeats itself
+    if drafter not in ("prompt_lookup", "diffusion"):  # random text rarely repeats itself; a random denoiser
         assert accepted > 0 and rejected > 0, "both the accept and the reject path must be exercised"
 
 
 def test_counting_and_kv_rollback(random_models):
     prompt = "def parse(line):"
     n_prompt = len(random_models.tokenizer(prompt).input_ids)
-    for drafter, gamma in itertools.product(["model", "prompt_lookup", "early_exit"], [1, 3, 6]):
+    for drafter, gamma in itertools.product(DRAFTERS, [1, 3, 6]):
         trace = explorer.decode("speculative", random_models, prompt, max_new_tokens=20, gamma=gamma,
                                 drafter=drafter, early_exit_layers=1, temperature=0.8, seed=3)
         s = trace.stats
@@ -110,7 +118,7 @@ VOCAB, TEMPERATURE, TOP_K, SAMPLES = 8, 0.7, 4, 3000
 
 @pytest.fixture(scope="module")
 def small_vocab_models():
-    target = build_random_llama(VOCAB, 16, 1, seed=11, std=0.6).eval()
+    target = build_random_llama(VOCAB, 16, 2, seed=11, std=0.6).eval()  # 2 layers: an early exit after 1
     draft = build_random_llama(VOCAB, 16, 1, seed=12, std=0.6).eval()
     tokenizer = types.SimpleNamespace(eos_token_id=None)
     return Models(Preset("stat", "random", ""), tokenizer, target, draft, None, tokenizer, torch.device("cpu"),
@@ -165,11 +173,37 @@ def chi_square_p(counts, joint):
     return stats.chisquare(obs, exp).pvalue
 
 
-def test_speculative_sampling_matches_exact_target_distribution(small_vocab_models):
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_speculative_sampling_matches_exact_target_distribution(small_vocab_models, drafter):
+    if drafter not in available_drafters(small_vocab_models):
+        pytest.skip(f"the 8-token bundle has no {drafter} drafter (its greedy equality runs above)")
+    prompt_ids = [1, 2, 3]
+    joint = exact_two_token_distribution(small_vocab_models, prompt_ids)
+    counts = sample_two_tokens(small_vocab_models, prompt_ids, drafter=drafter, early_exit_layers=1)
+    assert chi_square_p(counts, joint) > 1e-3
+
+
+def test_negative_control_a_drafter_that_reports_uniform_q_fails(small_vocab_models, monkeypatch):
+    """A drafter whose q is not the distribution its tokens came from breaks exactness; greedy equality cannot see
+    it, the chi-square must."""
+    real = speculative.make_drafter
+
+    def lying(models, cfg):
+        drafter = real(models, cfg)
+        propose = drafter.propose
+
+        def uniform(tokens, gamma, cfg, gen):
+            d = propose(tokens, gamma, cfg, gen)
+            return Draft(d.tokens, None if d.q is None else torch.full_like(d.q, 1 / d.q.shape[-1]), d.forward_s,
+                         d.passes)
+        drafter.propose = uniform
+        return drafter
+
+    monkeypatch.setattr(speculative, "make_drafter", lying)
     prompt_ids = [1, 2, 3]
     joint = exact_two_token_distribution(small_vocab_models, prompt_ids)
     counts = sample_two_tokens(small_vocab_models, prompt_ids)
-    assert chi_square_p(counts, joint) > 1e-3
+    assert chi_square_p(counts, joint) < 1e-3
 
 
 def test_negative_control_without_residual_distribution_fails(small_vocab_models, monkeypatch):
@@ -192,7 +226,7 @@ def test_a_draft_cut_by_the_drafters_confidence_keeps_sampling_exact(small_vocab
     assert chi_square_p(counts, joint) > 1e-3
 
 
-@pytest.mark.parametrize("drafter", ["model", "early_exit", "assistant"])
+@pytest.mark.parametrize("drafter", TREE_DRAFTERS)
 def test_greedy_speculative_with_a_confidence_cut_equals_autoregressive(random_models, drafter):
     cut = False
     for prompt in PROMPTS[:4]:

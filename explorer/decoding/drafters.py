@@ -220,7 +220,9 @@ def available_drafters(models: Models) -> list[str]:
     """The drafters this bundle can run (what the UI offers and the bench sweeps)."""
     usable = {"model": models.draft is not None, "diffusion": models.diffusion is not None
               and same_tokenizer(models.tokenizer, models.diffusion_tokenizer) and models.mask_token_id is not None,
-              "assistant": offers_assistant(models)}
+              "assistant": offers_assistant(models),
+              "early_exit": hasattr(getattr(models.target, "model", None), "layers")
+              and getattr(models.target.config, "num_hidden_layers", 0) >= 2}  # a shallow copy needs 1 of 2+ layers
     return [d for d in DRAFTERS if usable.get(d, True)]
 
 

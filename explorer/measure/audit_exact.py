@@ -71,15 +71,14 @@ def exact_distributions(models: Models, prompt: str, cfg) -> Exact:
     p1 = target_rows([ids])[0]
     q1, q1_raw = np.zeros_like(p1), np.zeros_like(p1)
     drafter = make_drafter(models, cfg)
-    if hasattr(drafter, "model"):  # a draft model (or the target's early exit): its own logits, warped here
-        with torch.inference_mode():
-            logits = drafter.model(input_ids=torch.tensor([ids], device=models.device)).logits[0, -1]
-        logits = logits.double().cpu().numpy()
-        q1[:], q1_raw[:] = reference_warp(logits, cfg.temperature, cfg.top_k, cfg.top_p), reference_warp(logits, 1.0)
-    elif not getattr(drafter, "drafts_after_prefill", False):  # prompt lookup: q is one-hot on its proposal
-        draft = drafter.propose(list(ids), 1, cfg, make_generator(0))
+    after_prefill = getattr(drafter, "drafts_after_prefill", False)  # it drafts from the prefill's features
+    raw_cfg = replace(cfg, temperature=1.0, top_k=None, top_p=None)
+    for c, out in ((cfg, q1), (raw_cfg, q1_raw)) if not after_prefill else ():
+        # through the protocol: the first draft's q is the distribution the drafter drew it from (one-hot for
+        # prompt lookup), warped as ``c`` says
+        draft = make_drafter(models, c).propose(list(ids), 1, c, make_generator(0))
         if draft.tokens:
-            q1[draft.tokens[0]] = q1_raw[draft.tokens[0]] = 1.0
+            out[:] = draft.q[0].double().cpu().numpy()[:len(out)]
     support = np.flatnonzero((p1 > 0) | (q1 > 0))
     if len(support) > ENUMERATE_MAX:
         return Exact(p1, q1, q1_raw, None, None)
@@ -90,7 +89,7 @@ def exact_distributions(models: Models, prompt: str, cfg) -> Exact:
         if x == eos:
             p2[i] = np.eye(len(p1))[eos]
     exact = Exact(p1, q1, q1_raw, support, p2, eos)
-    if getattr(drafter, "drafts_after_prefill", False):
+    if after_prefill:
         exact.q2, exact.q2_raw = second_step_drafts(models, ids, support, cfg, eos)
     return exact
 

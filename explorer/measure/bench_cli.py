@@ -16,8 +16,8 @@ import torch
 
 import explorer
 from explorer.decoding.config import METHODS, DecodeConfig, validate
-from explorer.decoding.flags import add_model_arguments, add_option_arguments, option_help
 from explorer.errors import ExplorerError
+from explorer.flags import add_model_arguments, add_option_arguments, option_help
 from explorer.measure.bench import BATCHES, SWEEPS, BenchSettings, RunConfig, decode_options, format_summary
 from explorer.measure.costs import batch_section, memory_section
 from explorer.measure.peer import peer_section

@@ -16,8 +16,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 import explorer
-from explorer.decoding.flags import add_model_arguments
 from explorer.errors import ExplorerError
+from explorer.flags import add_model_arguments
 from explorer.measure.bench import preset_chain
 from explorer.measure.bench_cli import cpu_name, load_average
 from explorer.measure.decide import (
