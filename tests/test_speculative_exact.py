@@ -54,8 +54,9 @@ def test_greedy_speculative_equals_autoregressive_and_hf_generate(random_models,
     for prompt in PROMPTS:
         ar = explorer.decode("autoregressive", random_models, prompt, max_new_tokens=13)
         assert ar.token_ids == hf_greedy(random_models, prompt, 13)
-    if drafter not in ("prompt_lookup", "diffusion"):  # random text rarely repeats itself; a random denoiser
-        assert accepted > 0 and rejected > 0, "both the accept and the reject path must be exercised"
+    if drafter in ("model", "early_exit"):  # random text rarely repeats itself; a random denoiser or head agrees
+        assert accepted > 0 and rejected > 0, "both the accept and the reject path must be exercised"  # by chance
+    assert rejected > 0
 
 
 def test_counting_and_kv_rollback(random_models):

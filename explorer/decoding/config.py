@@ -13,8 +13,8 @@ METHODS = ("autoregressive", "speculative", "diffusion")
 DRAFTERS = ("model", "prompt_lookup", "early_exit", "diffusion", "assistant")
 REMASKING = ("low_confidence", "random")
 CACHES = ("none", "prefix", "dual")  # diffusion KV cache (Fast-dLLM, Wu et al. 2025, Sec. 3.1)
-# The cache when the option is None, wherever the model takes a KV cache: "dual", the measured choice (BENCHMARKS.md
-# runs 8 and 9: 2.1x at N = 128 on tiny and 2.75x at N = 64 on smollm2-135m, perplexity unchanged).
+# The cache when the option is None, wherever the model takes a KV cache: "dual", the measured choice (2.1x at
+# N = 128 on tiny and 2.75x at N = 64 on smollm2-135m, perplexity unchanged: BENCHMARKS.md, diffusion KV cache).
 DEFAULT_CACHE = "dual"
 SWEEP_CACHE = "dual"  # what the break-even sweep decodes with
 MAX_PROMPT_CHARS = 20_000

@@ -1,7 +1,7 @@
-"""Rounds 7-10 of the prompt wordings (``prompts.ROUNDS``), added in the ninth session: two topics per prompt
+"""Rounds 7-14 of the prompt wordings (``prompts.ROUNDS``): two topics per prompt
 ({t} and a partner {u} from the same split), each template with partners no earlier template used."""
 
-# A seventh round (ninth session): two topics, with kinds of answer the earlier rounds lack (French, German and
+# A seventh round: two topics, with kinds of answer the earlier rounds lack (French, German and
 # Spanish answers, numbered steps, summaries, SQL, shell, code review), partners again new to each template.
 GENERAL_TEMPLATES_7 = [
     "Explique {t} et {u} en quelques phrases simples.",
@@ -34,7 +34,7 @@ PYTHON_TEMPLATES_7 = [
     "Write a PHP function that {t} and a Lua function that {u}.",
 ]
 
-# An eighth round (ninth session): follow-up questions written as one turn, definitions, pros and cons,
+# An eighth round: follow-up questions written as one turn, definitions, pros and cons,
 # and more code in other languages.
 GENERAL_TEMPLATES_8 = [
     "You explained {t} to me yesterday. Can you now explain {u} in the same way?",
@@ -60,7 +60,7 @@ PYTHON_TEMPLATES_8 = [
     "Write a Python async function that {t}, and a normal function that {u}.",
 ]
 
-# Rounds nine and ten (ninth session): more two-topic kinds (explain-like-a-teacher, timelines, checklists,
+# Rounds nine and ten: more two-topic kinds (explain-like-a-teacher, timelines, checklists,
 # arguments for and against, code with tests and complexity), so the data can keep growing without repeats.
 GENERAL_TEMPLATES_9 = [
     "Write a lesson introduction about {t} that ends with a question about {u}.",
@@ -119,7 +119,7 @@ PYTHON_TEMPLATES_10 = [
     "Refactor this idea into clean Python: a function that {t} and a function that {u}, with type hints.",
 ]
 
-# Rounds 11-14 (tenth session): the last 1.9M answer tokens toward the 8M asked. Kinds the earlier rounds lack:
+# Rounds 11-14: the last 1.9M answer tokens toward the 8M asked. Kinds the earlier rounds lack:
 # a question asked back, rewrites for an audience, worked examples, email and notes, error explanations, code
 # translated between languages, small command-line tools.
 GENERAL_TEMPLATES_11 = [

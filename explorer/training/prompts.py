@@ -161,7 +161,7 @@ PYTHON_TEMPLATES_3 = [
     "Write a Python function that {t}, and show its output on two examples.",
 ]
 
-# A fourth round, for the data made on vLLM (seventh session): more kinds of answer over the same topics.
+# A fourth round, for the data made on vLLM: more kinds of answer over the same topics.
 GENERAL_TEMPLATES_4 = [
     "Explain {t} to a five-year-old.",
     "Explain {t} to a university student.",

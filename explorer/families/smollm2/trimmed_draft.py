@@ -13,7 +13,7 @@ target's vocabulary size, plus ``kept_vocab``) and ``model.safetensors`` (layers
 kept ids; no embedding), compact or plain: both load. Given the target, the compact form stores each layer
 matrix as its int4 difference from the target layer it was copied from, and the head as its difference from
 the target's embedding rows of the kept tokens (``explorer.compact_weights``, "differences from a reference"):
-about half the bytes of int8 rows, about as close to the trained weights (BENCHMARKS.md run 14).
+about half the bytes of int8 rows, about as close to the trained weights (BENCHMARKS.md, compact weights).
 """
 
 from __future__ import annotations

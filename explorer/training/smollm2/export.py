@@ -81,7 +81,7 @@ def export(work: Path, out: Path | None = None, eagle_vocab: int | None = None) 
                                **ckpt["progress"]}
     logged = [e for e in map(json.loads, (work / "log.jsonl").read_text().splitlines())
               if e["stage"].endswith("_eval")]
-    # the curves of every session: earlier runs' entries stay (their machines are gone), this work dir's are added once
+    # every training run's curves: earlier runs' entries stay (their machines are gone), this work dir's are added once
     seen = {(e["stage"], e.get("time")) for e in old.get("log", [])}
     report["log"] = old.get("log", []) + [e for e in logged if (e["stage"], e.get("time")) not in seen]
     (out / "train_report.json").write_text(json.dumps(report, indent=2))

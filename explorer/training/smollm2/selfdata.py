@@ -1,7 +1,7 @@
 """Stage 3b: the diffusion partner's own answers, for self-distillation (dParallel, Chen et al. 2025).
 
-Certainty forcing on the *target's* greedy answers flattened at about 1.2 tokens per pass (sessions five to
-eight): to commit position j + 1 before j the partner must foresee which of two near-tied tokens the target picks
+Certainty forcing on the *target's* greedy answers flattened at about 1.2 tokens per pass (three runs in a
+row): to commit position j + 1 before j the partner must foresee which of two near-tied tokens the target picks
 at j. Its own answers are made of its own choices, so sharpening it on them asks it only to be sure of what it
 would write anyway. The partner decodes training prompts the way the app runs it (int8 kernels, N = 64, blocks
 of 8, K = N: one position a pass, its most careful schedule), greedy; an answer is kept when the target finds it
