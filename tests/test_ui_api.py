@@ -263,13 +263,13 @@ def test_the_drafter_gamma_and_diffusion_controls_follow_the_preset():
     assert (start.drafter, start.gamma, start.tokens_per_step, start.blocks, start.threshold) == (
         "assistant", smollm2.gamma, 1, 8, smollm2.diffusion_threshold)
     assert start.draft_confidence == smollm2.draft_confidence > 0
-    info, drafter, gamma, per_step, blocks, threshold, cut = lane_settings.describe_preset("random-tiny",
-                                                                                           progress=None)
+    info, drafter, gamma, per_step, blocks, threshold, cut, sampler = lane_settings.describe_preset(
+        "random-tiny", progress=None)
     preset = explorer.load_models("random-tiny", device="cpu").preset
     assert "random-tiny" in info and "assistant" in drafter["choices"] and drafter["value"] == preset.drafter
     assert (gamma["value"], per_step["value"], blocks["value"], threshold["value"]) == (
         preset.gamma, preset.diffusion_tokens_per_step, preset.diffusion_blocks, preset.diffusion_threshold)
-    assert cut["value"] == (preset.draft_confidence or 0.0)
+    assert cut["value"] == (preset.draft_confidence or 0.0) and sampler["value"] == preset.diffusion_sampler
     info, drafter, *_ = lane_settings.describe_preset("tiny", progress=None)
     assert "assistant" not in drafter["choices"]
 
@@ -299,3 +299,42 @@ def test_the_tree_control_runs_a_token_tree_in_the_speculative_lane(client, rand
                                drafter="model", tree="2,2")
     assert final[RESULT]["speculative"]["token_ids"] == expected.token_ids == \
         final[RESULT]["autoregressive"]["token_ids"]
+
+
+def test_a_long_prompt_is_timed_before_the_run_said_while_read_and_refused_past_what_fits(random_models,
+                                                                                          monkeypatch):
+    """The prefill's cost comes from a pass measured here: each lane says it while it reads the prompt (a line
+    that changes as the seconds pass), and a prompt this machine cannot read within the limit is refused in one
+    line that says what fits."""
+    from explorer.app import prefill
+
+    monkeypatch.setattr(handlers, "LONG_PROMPT_TOKENS", 8)
+    long_prompt = "def parse(line):\n" + "    x = 1\n" * 25  # under random-tiny's 512-token context
+    tokens = len(random_models.tokenizer(long_prompt).input_ids)
+    options = {m: lane_settings.Settings(max_new_tokens=16, blocks=4).options(m) for m in LANES}
+    est = prefill.estimate(random_models, tokens, options)
+    per = prefill.seconds_per_token(random_models)
+    assert per > 0 and est["autoregressive"] == pytest.approx(per * tokens)
+    assert est["diffusion"] == pytest.approx(4 * est["autoregressive"])  # a full pass at each of 4 blocks
+    slow = {"reading": 0}
+    real_receive = playback._receive
+
+    def slow_receive(inbox, received, deadline):  # the first events arrive late: the lanes are still reading
+        slow["reading"] += 1
+        if slow["reading"] < 6:
+            time.sleep(0.2)
+            return None
+        return real_receive(inbox, received, deadline)
+
+    monkeypatch.setattr(playback, "_receive", slow_receive)
+    monkeypatch.setattr(playback, "LIVE_INTERVAL_S", 0.05)
+    outs = list(handlers.run_lanes(long_prompt, "random-tiny", LANES, lane_settings.Settings(max_new_tokens=8),
+                                   -1.0, []))
+    frames = [o[handlers.RUN_OUTPUTS.index("frame")] for o in outs]
+    notes = [f for f in frames if "reading the prompt" in f]
+    assert notes and f"{tokens:,} tokens" in notes[0] and "measured" in notes[0]
+    monkeypatch.setattr(prefill, "PREFILL_LIMIT_S", per * tokens / 2)  # this machine "reads" half of it in time
+    with pytest.raises(gr.Error, match=r"tokens fit here") as info:
+        list(handlers.run_lanes(long_prompt, "random-tiny", LANES, lane_settings.Settings(max_new_tokens=8), -1.0,
+                                []))
+    assert f"{tokens:,} tokens" in str(info.value) and "\n" not in str(info.value)

@@ -11,7 +11,7 @@ import gradio as gr
 import numpy as np
 import pandas as pd
 
-from explorer.app import hosting, live_plots, plots, render, runs, turns
+from explorer.app import hosting, live_plots, plots, prefill, render, runs, turns
 from explorer.app.hosting import gpu
 from explorer.app.lane_settings import Settings, check_inputs, describe_models, lane_tokenizer, load_preset
 from explorer.app.page import read_text
@@ -73,10 +73,18 @@ def _run_lanes(prompt: str, preset: str, lanes: list[str], settings: Settings, s
     models = load_preset(preset)
     methods = check_inputs(models, prompt, lanes, settings)
     prompt_tokens = len(lane_tokenizer(models, "autoregressive")(prompt).input_ids)
-    if prompt_tokens > LONG_PROMPT_TOKENS:
-        gr.Warning(f"A long prompt: {prompt_tokens} tokens. Every lane reads all of it (prefill) before its first "
-                   "token, so the lanes stay empty for a while.")
     options = {m: settings.options(m) for m in methods}
+    reading: dict[str, float] = {}  # a long prompt: each lane's estimated prefill seconds, measured on this machine
+    if prompt_tokens > LONG_PROMPT_TOKENS:
+        reading = prefill.estimate(models, prompt_tokens, options)
+        fits = prefill.limit_tokens(models)
+        if prompt_tokens > fits:
+            raise gr.Error(f"This prompt is {prompt_tokens:,} tokens: reading it once (the prefill) takes about "
+                           f"{prompt_tokens * prefill.seconds_per_token(models):.0f} s on this machine, over the "
+                           f"{prefill.PREFILL_LIMIT_S:.0f} s this page allows. About {fits:,} tokens fit here: shorten "
+                           "it.", print_exception=False)
+        gr.Warning(f"A long prompt: {prompt_tokens:,} tokens. Every lane reads all of it before its first token: "
+                   + ", ".join(f"{m} about {s:.0f} s" for m, s in reading.items()) + " alone on this machine.")
     pieces = {m: render.token_piece(lane_tokenizer(models, m)) for m in methods}
     views = {m: lane_view(m, prompt, pieces[m], options[m], "waiting", note="waits its turn: each lane is timed "
                            "alone") for m in methods}
@@ -87,7 +95,8 @@ def _run_lanes(prompt: str, preset: str, lanes: list[str], settings: Settings, s
     errors: dict[str, str] = {}
     live = speed is not None and float(speed) < 0
     if live:
-        yield from _decode_live(methods, models, prompt, options, pieces, views, done, errors)
+        yield from _decode_live(methods, models, prompt, options, pieces, views, done, errors,
+                                {m: (prompt_tokens, s) for m, s in reading.items()})
     for i, method in enumerate(methods if not live else ()):  # phase 1: decode each lane alone
         caption = f"Decoding lane {i + 1} of {len(methods)} alone (timed); then all lanes play together."
         views[method] = lane_view(method, prompt, pieces[method], options[method], "running", progress=0.0,
@@ -97,10 +106,10 @@ def _run_lanes(prompt: str, preset: str, lanes: list[str], settings: Settings, s
         for events, clock, trace in _guarded(decode_alone(method, models, prompt, options[method]), errors, method):
             if trace is None:
                 n = render.lane_counts(method, events, options[method]["max_new_tokens"])["tokens"]
+                note = (prefill.reading_note(prompt_tokens, reading[method], clock) if method in reading and not events
+                        else f"decoding alone: {n} / {options[method]['max_new_tokens']} tokens, {clock:.2f} s")
                 views[method] = lane_view(method, prompt, pieces[method], options[method], "running",
-                                           progress=n / options[method]["max_new_tokens"],
-                                           note=f"decoding alone: {n} / {options[method]['max_new_tokens']} tokens, "
-                                                f"{clock:.2f} s")
+                                           progress=n / options[method]["max_new_tokens"], note=note)
                 yield _out(frame=frame_html(views, caption))
             else:
                 done[method] = trace
@@ -164,8 +173,11 @@ def show_run(past_runs: list[dict] | None, label: str | None) -> tuple:
 
 
 def _decode_live(methods: list[str], models: Models, prompt: str, options: dict, pieces: dict, views: dict,
-                 done: dict[str, Trace], errors: dict[str, str]) -> Iterator[tuple]:
-    """Playback "live": every lane decodes at once (one torch thread each) and its tokens show as they come."""
+                 done: dict[str, Trace], errors: dict[str, str],
+                 reading: dict[str, tuple[int, float]] | None = None) -> Iterator[tuple]:
+    """Playback "live": every lane decodes at once (one torch thread each) and its tokens show as they come;
+    ``reading``: (prompt tokens, estimated seconds) of each lane's long prefill, said while it has no token yet."""
+    reading = reading or {}
     caption = "All lanes decoding at once, shown live (they share the CPU, so each runs slower than alone)."
     with one_torch_thread():
         for received, clocks, traces, failed, starts in decode_side_by_side(methods, models, prompt, options):
@@ -175,8 +187,9 @@ def _decode_live(methods: list[str], models: Models, prompt: str, options: dict,
                 elif m in traces:
                     views[m] = render.trace_view(traces[m], pieces[m])
                 else:
+                    note = prefill.reading_note(*reading[m], clocks[m]) if m in reading and not received[m] else ""
                     views[m] = lane_view(m, prompt, pieces[m], options[m], "running", events=list(received[m]),
-                                         clock=clocks[m])
+                                         clock=clocks[m], note=note)
             shown = [views[m] for m in methods if m not in failed]
             below = live_plots.live_plots_html(shown, starts, max(clocks.values(), default=0.0))
             yield _out(frame=frame_html(views, caption, below))

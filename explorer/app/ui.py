@@ -128,7 +128,9 @@ def _build_prompt(c: Controls) -> None:
         c.prompt = gr.Textbox(label="Prompt", lines=2, max_lines=12, max_length=MAX_PROMPT_CHARS, elem_id="prompt",
                               value=EXAMPLES[0][0], scale=5,
                               info=f"at most {MAX_PROMPT_CHARS:,} characters (longer text is cut there); a prompt over "
-                                   f"{LONG_PROMPT_TOKENS} tokens is warned about: its prefill delays the first token")
+                                   f"{LONG_PROMPT_TOKENS} tokens is timed first: the lanes say what reading it costs "
+                                   "here, and one this machine cannot read within 30 s is refused with the length "
+                                   "that fits")
         with gr.Column(scale=1, min_width=150, elem_id="run-column"):
             c.run = gr.Button("▶ Run", variant="primary", elem_id="run")
             c.stop = gr.Button("■ Stop", variant="stop", elem_id="stop")
