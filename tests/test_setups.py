@@ -71,3 +71,15 @@ def test_a_setup_label_reads_as_words():
     assert label == "assistant · γ=6 · cut=0.15 · T=0 · N=64 · int8"
     assert setup_label("diffusion", DecodeConfig(max_new_tokens=32, threshold=0.7), "int8") == \
         "confidence · K=32 · block=32 · threshold=0.7 · T=0 · N=32 · int8"
+
+
+def test_every_decode_option_reaches_the_page_or_is_named_as_not():
+    """A new DecodeConfig option fails here until the page has a control for it (lane_settings.Settings, in the
+    controls' order) or lane_settings.NOT_ON_PAGE says why not; the CLI's flags are checked in test_api_cli."""
+    from explorer.app.lane_settings import NOT_ON_PAGE, Settings
+
+    fields = {f.name for f in dataclasses.fields(DecodeConfig)}
+    reached = set().union(*(Settings(sampler="revoke", revoke_below=0.3, tree="2,1").options(m) for m in METHODS),
+                          *(Settings(sampler="entropy", entropy_bound=0.3).options(m) for m in METHODS))  # a chain
+    assert fields - reached == set(NOT_ON_PAGE), "an option neither on the page nor in NOT_ON_PAGE"
+    assert reached <= fields

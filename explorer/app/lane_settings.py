@@ -98,6 +98,12 @@ class Settings:
 
 
 SETTING_NAMES = [f.name for f in fields(Settings)]
+# The decode options the page has no control for, and why (tests/test_setups.py checks that every other
+# DecodeConfig field reaches explorer.decode from the page's controls).
+NOT_ON_PAGE = {"top_k": "top-p is the page's truncation; top-k is the API's, the CLI's and the Audit tab's",
+               "max_ngram": "prompt lookup's n-gram length: the API and CLI",
+               "early_exit_layers": "the preset's early exit: the API and CLI",
+               "draft_passes": "the diffusion drafter's passes per draft: the API and CLI"}
 
 
 def preset_settings(name: str = DEFAULT_PRESET) -> Settings:
