@@ -69,15 +69,16 @@ def measure(source: str, prompt: str, prompt_file: str | None, repeats: int, pre
         if key in earlier:  # already measured (the AR baseline, an unchanged lane): reuse it, never duplicate it
             reused[method] = reused.get(method, 0) + 1
             continue
+        done_s = sum(t.stats["wall_s"] for _, t in batch)
+        left = f", about {done_s / len(batch) * (total - i):.0f} s left" if batch else ""
+        yield (f"Decode {i + 1} of {total}: prompt {i // (repeats * len(methods)) + 1} of {len(prompts)}, the "
+               f"{method} lane{left}", *skip)
         try:  # lanes run one at a time, so every decode is timed alone
             trace = explorer.decode(method, models, p.text, **options)
         except ExplorerError as exc:
             raise gr.Error(f"prompt {p.id}: {exc}", print_exception=False) from None
         trace.stats["batch"] = f"measure {batch_id}"
         batch.append((key, trace))
-        status = (f"{i + 1} / {total} decodes ({len(prompts)} prompt(s) × {repeats} repeat(s) × "
-                  f"{len(methods)} lane(s))")
-        yield (status if i % 5 == 0 else gr.skip(), *skip)  # every decode: a chance for Stop to cancel
     history = [*(history or []), *(t for _, t in batch)]
     dropped = max(0, len(history) - HISTORY_LIMIT)
     history = history[-HISTORY_LIMIT:]
