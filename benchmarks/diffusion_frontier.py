@@ -9,7 +9,9 @@ N/8 as the app's lane. Per prompt, interleaved: the target's autoregressive answ
 (speed: answer tokens per denoiser pass, wall time against autoregressive) and at T = 1 (quality: perplexity under
 the target, distinct 3-grams, the rate of adjacent repeated words; the target's own T = 1 samples beside them).
 Wall vs AR is the sum of the diffusion decodes' wall times over the sum of the autoregressive ones (both stop at the
-answer's end). Repeats and distinct-3 are given greedy / T = 1.
+answer's end). Repeats and distinct-3 are given greedy / T = 1. A setting "apd:gamma=4" is the autoregressive check
+(APD, Israel et al. 2025): the diffusion partner drafts, the target keeps what it agrees with (speculative decoding
+with the diffusion drafter; its tokens / pass are per target pass, and its text is the target's own).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def parse_settings(text: str) -> list[tuple[str, dict]]:
         options = {"sampler": sampler}
         for pair in filter(None, rest.split(",")):
             key, _, value = pair.partition("=")
-            options[key.strip()] = float(value)
+            options[key.strip()] = int(float(value)) if key.strip() in ("gamma", "draft_passes") else float(value)
         out.append((item, options))
     return out
 
@@ -84,14 +86,15 @@ def main() -> None:
         rows = {label: {"tok": 0, "passes": 0, "wall": 0.0, "ppl": [], "d3": ([], []), "rep": ([], [])}
                 for label in ["autoregressive"] + [s for s, _ in settings]}
         for i, prompt in enumerate(prompts):
-            runs = [("autoregressive", "autoregressive", {})] + [(s, "diffusion", {"block_length": block, **o})
-                                                                for s, o in settings]
+            runs = [("autoregressive", "autoregressive", {})] + [
+                (s, "speculative", {"drafter": "diffusion", **{k: v for k, v in o.items() if k != "sampler"}})
+                if o["sampler"] == "apd" else (s, "diffusion", {"block_length": block, **o}) for s, o in settings]
             for label, method, options in runs:
                 r = rows[label]
                 greedy, wall = decode(models, method, prompt, max_new_tokens=n, **options)
                 q = score_quality(models, greedy)
                 r["tok"] += len(greedy.token_ids)
-                r["passes"] += passes(greedy) if method == "diffusion" else len(greedy.token_ids)
+                r["passes"] += greedy.stats["target_forward_passes"] if method != "diffusion" else passes(greedy)
                 r["wall"] += wall
                 r["d3"][0].append(q["distinct_3"])
                 r["rep"][0].append(q["repeat_rate"])
