@@ -50,10 +50,12 @@ def test_a_rejection_with_p_zero_draws_no_coin():
 
 
 def test_the_drafter_is_named_as_the_lane_header_names_it():
-    """The assistant drafter's class calls itself "eagle"; the header says "assistant", so must the narration."""
-    detail = render.lane_detail("speculative", {"drafter": "assistant", "gamma": 2})
+    """The assistant drafter's class calls itself "eagle"; the options and the header say "assistant", so must the
+    narration (it reads the options, never the header's words)."""
+    options = {"drafter": "assistant", "gamma": 2}
+    detail = render.lane_detail("speculative", options)
     proposal = Proposal(1.0, 0, "eagle", 2, (1, 2), (0.6, 0.5), 0.01, 2)
-    view = render.LaneView("speculative", [proposal], "p", piece, 8, detail=detail)
+    view = render.LaneView("speculative", [proposal], "p", piece, 8, detail=detail, options=options)
     assert detail.startswith("assistant")
     assert said([view]) == f"Step 1: the assistant drafter proposed <code>a</code> {B}; the target will check all 2 " \
                            "in <b>one</b> pass."
@@ -79,14 +81,15 @@ def said_in(frame: str, method: str) -> str:
 
 def test_a_draft_cut_by_confidence_says_why_it_is_shorter_than_gamma():
     """A lane that cuts drafts by the drafter's confidence says so where a draft stops short of γ, and only there."""
-    detail = render.lane_detail("speculative", {"drafter": "assistant", "gamma": 6, "draft_confidence": 0.15})
+    cut = {"drafter": "assistant", "gamma": 6, "draft_confidence": 0.15}
+    detail = render.lane_detail("speculative", cut)
     assert detail == "assistant (reads the target's features) drafter, γ ≤ 6, cut below 0.15"
     short = Proposal(1.0, 0, "eagle", 6, (1, 2), (0.6, 0.5), 0.01, 2)
-    view = render.LaneView("speculative", [short], "p", piece, 8, detail=detail)
+    view = render.LaneView("speculative", [short], "p", piece, 8, options=cut)  # the options, not the header's words
     assert said([view]) == (f"Step 1: the assistant drafter proposed <code>a</code> {B} and stopped there, short of "
                             "γ = 6: its probability of the whole draft fell below 0.15; the target will check all 2 "
                             "in <b>one</b> pass.")
     full = Proposal(1.0, 0, "eagle", 2, (1, 2), (0.6, 0.5), 0.01, 2)  # all the drafts asked for: nothing to explain
-    assert "stopped" not in said([render.LaneView("speculative", [full], "p", piece, 8, detail=detail)])
-    plain = render.lane_detail("speculative", {"drafter": "assistant", "gamma": 6, "draft_confidence": None})
-    assert "stopped" not in said([render.LaneView("speculative", [short], "p", piece, 8, detail=plain)])
+    assert "stopped" not in said([render.LaneView("speculative", [full], "p", piece, 8, options=cut)])
+    plain = {**cut, "draft_confidence": None}
+    assert "stopped" not in said([render.LaneView("speculative", [short], "p", piece, 8, options=plain)])

@@ -19,10 +19,8 @@ def _quotes(pieces: Sequence[str]) -> str:
 
 
 def drafter_name(view: LaneView, proposal: Proposal) -> str:
-    """The drafter as the lane header names it (its setting), not the class's internal name."""
-    if " drafter" in view.detail:
-        return view.detail.split(" drafter")[0].split(" (")[0]
-    return proposal.drafter
+    """The drafter as the decode's options name it (its setting), not the class's internal name."""
+    return str(view.options.get("drafter") or proposal.drafter)
 
 
 def _narrate_speculative(view: LaneView) -> str:
@@ -72,13 +70,13 @@ def _narrate_speculative(view: LaneView) -> str:
 
 
 def _cut(view: LaneView, proposal: Proposal) -> str:
-    """Why a draft is shorter than γ where the lane cuts drafts by the drafter's confidence."""
-    if " cut below " not in view.detail or len(proposal.tokens) >= proposal.gamma or (
+    """Why a draft is shorter than γ where the lane cuts drafts by the drafter's confidence (its options say)."""
+    below = view.options.get("draft_confidence")
+    if not below or view.options.get("tree") or len(proposal.tokens) >= proposal.gamma or (
             proposal.tokens and proposal.tokens[-1] == getattr(view.piece, "end_id", None)):  # an end of turn ends it
         return ""
-    below = view.detail.split(" cut below ")[1].split(",")[0]
     return (f" and stopped there, short of γ = {proposal.gamma}: its probability of the whole draft fell below "
-            f"{html.escape(below)}")
+            f"{below:g}")
 
 
 def _narrate_diffusion(view: LaneView) -> str:

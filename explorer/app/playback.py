@@ -183,7 +183,7 @@ def speed_words(end_ms: float, slow_motion: float) -> str:
 def lane_view(method: str, prompt: str, piece: render.Piece, options: dict[str, Any], status: str,
                events: list[Event] | None = None, clock: float = 0.0, **extra: Any) -> render.LaneView:
     return render.LaneView(method, events or [], prompt, piece, options["max_new_tokens"], options.get("block_length"),
-                           clock, status, render.lane_detail(method, options), **extra)
+                           clock, status, render.lane_detail(method, options), options=options, **extra)
 
 
 def frame_html(views: dict[str, render.LaneView], caption: str = "", below: str = "") -> str:

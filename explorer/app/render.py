@@ -12,8 +12,8 @@ from __future__ import annotations
 import bisect
 import html
 import unicodedata
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -61,6 +61,7 @@ class LaneView:
     note: str = ""  # one line under the header: decode progress, an error, why a lane waits
     progress: float | None = None  # 0..1 while the decoder runs alone (a bar instead of tokens)
     total_steps: int | None = None  # steps of the finished decode (the narration says "step i of n")
+    options: Mapping[str, Any] = field(default_factory=dict)  # the decode's options (the narration reads these)
 
 
 def token_piece(tokenizer: Any) -> Piece:
@@ -359,7 +360,7 @@ def trace_view(trace: Trace, piece: Piece, at_s: float | None = None, detail: st
     cfg = trace.config
     return LaneView(trace.method, events, trace.prompt, piece, int(cfg["max_new_tokens"]),
                     cfg.get("block_length"), clock_s=min(at, wall), status="done" if at >= wall else unfinished,
-                    detail=detail or lane_detail(trace.method, cfg), total_steps=total_steps(trace))
+                    detail=detail or lane_detail(trace.method, cfg), total_steps=total_steps(trace), options=cfg)
 
 
 def total_steps(trace: Trace) -> int | None:

@@ -163,7 +163,7 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig, r
         start, end = lo - shift, (total if mode == "prefix" else lo + block_len)  # what a cached pass feeds
         schedule = reveal_schedule(block_len, steps_per_block)
         s, cache = 0, None
-        revoked = torch.zeros(block_len, dtype=torch.bool)  # positions a pass of this block masked again
+        revoked = torch.zeros(block_len, dtype=torch.bool, device=x.device)  # masked again by a pass of this block
         while bool((x[0, lo:lo + block_len] == mask_id).any()) and not (
                 stop_at_end and answer_ended(x, p_len, mask_id, eos)):
             if mode == "none":
@@ -179,7 +179,7 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig, r
             before = x[0, lo:lo + block_len].clone()
             still = before == mask_id
             count = schedule[s] if s < len(schedule) else 1
-            plan = plan_pass(Pass(tokens, confidence, probs, still, before, count, (~still & ~revoked).cpu()), cfg)
+            plan = plan_pass(Pass(tokens, confidence, probs, still, before, count, ~still & ~revoked), cfg)
             reveal, remask = list(plan.reveal), list(plan.remask)
             if not reveal or not all(bool(still[i]) for i in reveal) or len(remask) > len(reveal) or any(
                     bool(still[i]) or bool(revoked[i]) for i in remask):  # else a pass could loop forever
