@@ -14,11 +14,11 @@ import pytest
 
 import explorer
 from explorer.cli import main
-from explorer.engine.bench import Target, max_streaming, resolve_targets, run_bench, summary_rows, write_csv
 from explorer.engine.checks import acceptance_check, greedy_check
 from explorer.engine.client import Chunk, RequestRecord, run_one
-from explorer.engine.metrics import parse_metrics, scrape
-from explorer.engine.report import write_bench_report
+from explorer.engine.counters import parse_metrics, scrape
+from explorer.engine.figures import write_bench_report
+from explorer.engine.traffic import Target, max_streaming, resolve_targets, run_bench, summary_rows, write_csv
 from explorer.errors import ExplorerError
 from explorer.measure.workload import Prompt
 

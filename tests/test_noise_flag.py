@@ -74,7 +74,7 @@ def test_the_engine_report_and_check_print_the_flag_beside_the_predicted_gain(ca
     import pandas as pd
 
     from explorer.engine.commands import _print_rows
-    from explorer.engine.report import gain_figure
+    from explorer.engine.figures import gain_figure
 
     summary = pd.DataFrame({"label": ["ngram"] * 2, "concurrency": [1, 2], "speedup_throughput": [1.1, 0.9]})
     predicted = pd.DataFrame({"label": ["ngram"] * 2, "concurrency": [1, 2], "alpha": [0.5] * 2,

@@ -1,7 +1,7 @@
 """The Engine tab: a live vLLM server (``python -m explorer engine start``, or your own) under a workload, with
 plots that follow it, and one request's bursts next to the explorer's own speculative lane on one clock.
 
-The workload runs in a worker thread (engine.bench.run_bench); the handler polls what it has finished and
+The workload runs in a worker thread (engine.traffic.run_bench); the handler polls what it has finished and
 redraws at most every POLL_S, so the page follows the run, and Stop (a per-session threading.Event) ends it
 after the requests in flight. Bad input and a server that does not answer end in one status line, never an
 exception: the page keeps serving. Layout and wiring live here too, so ui.py imports the engine only where the
@@ -28,7 +28,10 @@ from explorer.app.engine_compare import compare_frame, compare_one
 from explorer.app.page import STYLE, read_text
 from explorer.app.turns import DECODES
 from explorer.engine.allow import EnginePolicy, exposure, policy_for
-from explorer.engine.bench import (
+from explorer.engine.client import RequestRecord
+from explorer.engine.figures import acceptance_over_time_figure, latency_figure, throughput_figure
+from explorer.engine.server import default_url, engine_at
+from explorer.engine.traffic import (
     ConfigResult,
     EngineBench,
     Target,
@@ -37,9 +40,6 @@ from explorer.engine.bench import (
     run_bench,
     summary_rows,
 )
-from explorer.engine.client import RequestRecord
-from explorer.engine.report import acceptance_over_time_figure, latency_figure, throughput_figure
-from explorer.engine.server import default_url, engine_at
 from explorer.errors import ExplorerError
 from explorer.measure.workload import Prompt, parse_prompts
 

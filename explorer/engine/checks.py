@@ -15,7 +15,7 @@ import pandas as pd
 
 import explorer
 from explorer.engine.client import run_one
-from explorer.engine.metrics import scrape
+from explorer.engine.counters import scrape
 from explorer.measure.costs import batch_costs
 
 

@@ -112,14 +112,14 @@ def _label_of(url: str, given: str | None, fallback: str) -> str:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from explorer.engine.bench import (  # deferred: openai (~1 s) via explorer.engine.bench
+    from explorer.engine.figures import write_bench_report  # deferred: openai (~1 s) via explorer.engine.figures
+    from explorer.engine.traffic import (  # deferred: openai (~1 s) via explorer.engine.traffic
         parse_concurrency,
         resolve_targets,
         run_bench,
         summary_rows,
         write_csv,
     )
-    from explorer.engine.report import write_bench_report  # deferred: openai (~1 s) via explorer.engine.report
 
     url = _default_url(args.url)
     concurrencies = parse_concurrency(args.concurrency)

@@ -210,7 +210,7 @@ def predicted_batch(models: Models, s: DecideSettings, acceptance: float) -> dic
 
 
 def measured_batch(engine: str, compare: str, sets: list[PromptSet], s: DecideSettings) -> dict[str, object]:
-    from explorer.engine.bench import (  # deferred: openai (~1 s) via explorer.engine.bench
+    from explorer.engine.traffic import (  # deferred: openai (~1 s) via explorer.engine.traffic
         resolve_targets,
         run_bench,
         summary_rows,

@@ -22,7 +22,7 @@ import numpy as np
 
 from explorer.engine.allow import EnginePolicy, check_url
 from explorer.engine.client import RequestRecord, is_connection_error, make_client, served_model, stream_request
-from explorer.engine.metrics import MetricsSnapshot, SpecCounters, scrape
+from explorer.engine.counters import MetricsSnapshot, SpecCounters, scrape
 from explorer.errors import ExplorerError
 from explorer.measure.metrics import percentile
 from explorer.measure.workload import Prompt

@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
-from explorer.engine.bench import EngineBench, summary_rows
 from explorer.engine.client import RequestRecord
+from explorer.engine.traffic import EngineBench, summary_rows
 from explorer.measure.report import PALETTE, Section, _layout, write_report
 
 
