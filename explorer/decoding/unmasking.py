@@ -108,7 +108,7 @@ def revoke(p: Pass, threshold: float | None, below: float) -> Plan:
     plan = by_confidence(p, threshold)
     revocable = ~p.masked if p.revocable is None else p.revocable & ~p.masked
     committed = revocable.nonzero()[:, 0]
-    now = p.probs[committed, p.canvas[committed]] if len(committed) else torch.zeros(0, dtype=torch.float64)
+    now = p.probs[committed, p.canvas[committed]] if len(committed) else p.probs.new_zeros(0)
     fallen = sorted((float(c), int(i)) for c, i in zip(now, committed, strict=True) if float(c) < below)
     remask = tuple(i for _, i in fallen[:len(plan.reveal)])
     if not remask:
