@@ -6,8 +6,19 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-# Two cores: one intra-op thread per test process avoids oversubscription stalls.
+# Two cores: one intra-op thread per test process avoids oversubscription stalls (scripts/test.sh runs two
+# processes, pytest-xdist's workers, one a core).
 torch.set_num_threads(1)
+
+VLLM_FILES = ("test_engine.py", "test_engine_ui.py")  # they share the session's vLLM servers (fixed ports)
+
+
+def pytest_collection_modifyitems(config, items):
+    """With pytest-xdist's ``--dist loadgroup`` a file's tests stay in one worker (its module fixtures load once),
+    and the files that share the vLLM servers stay in one worker together (one set of servers, one set of ports)."""
+    for item in items:
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group("vllm" if name in VLLM_FILES else name))
 
 
 @pytest.fixture(scope="session")
