@@ -24,6 +24,6 @@ if [ -n "$need" ]; then
 fi
 # Lint first (pyproject.toml [tool.ruff]); a lint error fails the test command before any test runs.
 .venv/bin/python -m ruff check explorer tests benchmarks
-# Two workers (pytest-xdist), one a core; a file's tests stay together (tests/conftest.py). EXPLORER_TEST_WORKERS=0
-# runs everything in this process.
-exec .venv/bin/python -m pytest -n "${EXPLORER_TEST_WORKERS:-2}" --dist loadgroup "$@"
+# EXPLORER_TEST_WORKERS=2: two pytest-xdist workers, a file's tests together (tests/conftest.py); 0 (the default):
+# everything in this process.
+exec .venv/bin/python -m pytest -n "${EXPLORER_TEST_WORKERS:-0}" --dist loadgroup "$@"

@@ -13,6 +13,14 @@ torch.set_num_threads(1)
 VLLM_FILES = ("test_engine.py", "test_engine_ui.py")  # they share the session's vLLM servers (fixed ports)
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Every test starts at one torch thread: a test that trains or benchmarks at two leaves it set, and two workers
+    at two threads each on two cores spin-wait (a 10x slowdown seen)."""
+    torch.set_num_threads(1)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """With pytest-xdist's ``--dist loadgroup`` a file's tests stay in one worker (its module fixtures load once),
     and the files that share the vLLM servers stay in one worker together (one set of servers, one set of ports)."""
