@@ -113,7 +113,7 @@ def revoke(p: Pass, threshold: float | None, below: float) -> Plan:
     remask = tuple(i for _, i in fallen[:len(plan.reveal)])
     if not remask:
         return plan
-    return Plan(plan.reveal, remask, why=f"{plan.why}; {len(remask)} re-masked (probability now below {below:g})")
+    return Plan(plan.reveal, remask, why=f"{plan.why}; {len(remask)} re-masked, below {below:g} now")
 
 
 RULES: dict[str, Callable[..., Plan]] = {
