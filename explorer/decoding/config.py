@@ -6,7 +6,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from explorer.decoding.unmasking import SAMPLERS
+from explorer.decoding.unmasking import DEFAULT_SAMPLER, SAMPLERS
 from explorer.errors import ExplorerError
 
 METHODS = ("autoregressive", "speculative", "diffusion")
@@ -42,7 +42,7 @@ class DecodeConfig:
     block_length: int | None = None  # default: max_new_tokens (one block)
     remasking: str = "low_confidence"
     threshold: float | None = None
-    sampler: str = "confidence"  # which positions a pass reveals (and re-masks): decoding/unmasking.py
+    sampler: str = DEFAULT_SAMPLER  # which positions a pass reveals (and re-masks): decoding/unmasking.py
     entropy_bound: float | None = None  # sampler "entropy" (and DiffusionGemma's sampler)
     revoke_below: float | None = None  # sampler "revoke"
     cache: str | None = None  # none | prefix | dual; None: DEFAULT_CACHE where the model takes a KV cache

@@ -44,10 +44,10 @@ class Plan:
     why: str = ""
 
 
-def _masked_by(score: torch.Tensor, masked: torch.Tensor, descending: bool = True) -> list[int]:
-    """Masked positions ordered by ``score`` (ties: the leftmost first)."""
+def _masked_by(score: torch.Tensor, masked: torch.Tensor) -> list[int]:
+    """Masked positions, the highest ``score`` first (ties: the leftmost first)."""
     idx = [int(i) for i in masked.nonzero()[:, 0]]
-    return sorted(idx, key=lambda i: (-float(score[i]) if descending else float(score[i]), i))
+    return sorted(idx, key=lambda i: (-float(score[i]), i))
 
 
 def by_confidence(p: Pass, threshold: float | None) -> Plan:
