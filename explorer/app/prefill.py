@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from explorer.models import Models
+from explorer.runtime import synchronize
 
 PREFILL_LIMIT_S = 30.0  # a prompt whose prefill alone would take longer is refused, with the length that fits
 MEASURE_TOKENS = 256  # the pass timed once per loaded bundle
@@ -21,11 +22,14 @@ def seconds_per_token(models: Models) -> float:
     key = id(models.target)
     if key not in _PER_TOKEN:
         vocab = int(models.target.get_output_embeddings().weight.shape[0])
-        ids = torch.randint(0, vocab, (1, MEASURE_TOKENS), generator=torch.Generator().manual_seed(0))
+        n = max(1, min(MEASURE_TOKENS, int(models.context_length) - 1))
+        ids = torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(0))  # cpu: the seeded draw
         with torch.inference_mode():
+            synchronize(models.device)
             start = time.perf_counter()
             models.target(input_ids=ids.to(models.device), logits_to_keep=1)
-            _PER_TOKEN[key] = (time.perf_counter() - start) / MEASURE_TOKENS
+            synchronize(models.device)
+            _PER_TOKEN[key] = (time.perf_counter() - start) / n
     return _PER_TOKEN[key]
 
 
