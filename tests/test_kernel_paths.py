@@ -7,6 +7,7 @@ precision chosen by measurement (explorer/precision/choice.py).
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 
@@ -180,3 +181,33 @@ def test_the_speculative_measurement_decodes_for_real(monkeypatch):
     monkeypatch.setattr(choice, "SPEC_TOKENS", 6)
     got = choice.measure_speculative(models, 3, None)
     assert set(got.speedups) == {"chain of 3", "chain of 2"} and all(v > 0 for v in got.speedups.values())
+
+
+# ------------------------------------------------------------------------------------------ threads
+
+@pytest.mark.skipif(not kernels.available() or (os.cpu_count() or 1) < 2, reason="no compiler, or one CPU")
+def test_a_second_torch_thread_reaches_the_kernels_and_changes_no_bit():
+    """Threads split output columns (and attention rows), never a sum: every kernel gives the same bits at one and
+    two threads, and at two the ranges really run on two threads (a build without OpenMP runs them on one)."""
+    ext = kernels.load()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 5, 576, generator=g)
+    w = torch.randn(960, 576, generator=g)
+    w8 = RowInvariantLinear(w, "int8")
+    q = torch.randn(9, 5, 64, generator=g)
+    k, v = torch.randn(3, 20, 64, generator=g), torch.randn(3, 20, 64, generator=g)
+
+    def run():
+        return [w8(x), ext.linear(x, w), ext.linear(x, w.to(torch.bfloat16)), ext.attend(q, k, v, 0.125)]
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one, used_one = run(), ext.threads_used(8)
+        torch.set_num_threads(2)
+        two, used_two = run(), ext.threads_used(8)
+    finally:
+        torch.set_num_threads(before)
+    assert (used_one, used_two) == (1, 2)
+    for a, b in zip(one, two, strict=True):
+        assert torch.equal(a, b)

@@ -85,6 +85,15 @@ def compile_flags(isa: str, cross: bool = False) -> list[str]:
     return ["-DROWINV_PATH_PORTABLE"]
 
 
+def thread_flags() -> list[str]:
+    """Compile (and link) at::parallel_for's OpenMP pragmas in: ATen's OpenMP backend is a header, and a build
+    without -fopenmp runs every "parallel" range on the calling thread alone. The extension then shares the
+    libgomp torch loaded (same soname). Not on macOS (Apple's clang has no -fopenmp) or a non-OpenMP torch."""
+    if platform.system() == "Darwin" or "OpenMP" not in torch.__config__.parallel_info():
+        return []
+    return ["-fopenmp"]
+
+
 def chosen_isa() -> str:
     """The path to build: ``EXPLORER_KERNEL_ISA`` if set (KernelUnavailable, one line, if this CPU lacks it), else
     the best this CPU has."""
@@ -104,7 +113,7 @@ def build_dir(isa: str | None = None) -> Path:
     isa = isa or chosen_isa()
     root = Path(os.environ.get("EXPLORER_KERNEL_CACHE", Path.home() / ".cache" / "decoding-explorer" / "rowinv"))
     sources = SOURCE.read_bytes() + b"".join(h.read_bytes() for h in HEADERS)
-    flags = " ".join(COMMON + compile_flags(isa))
+    flags = " ".join(COMMON + compile_flags(isa) + thread_flags())
     key = hashlib.sha1(sources + torch.__version__.encode() + " ".join(sorted(_cpu_flags())).encode()
                        + platform.machine().encode() + flags.encode()).hexdigest()[:12]
     return root / f"{isa}-{key}"
@@ -135,7 +144,8 @@ def _load(forced: str) -> ModuleType:
     out.mkdir(parents=True, exist_ok=True)
     try:
         return load_extension(name=f"rowinv_{out.name.replace('-', '_')}", sources=[str(SOURCE)],
-                              extra_cflags=COMMON + compile_flags(isa), build_directory=str(out), verbose=False)
+                              extra_cflags=COMMON + compile_flags(isa) + thread_flags(),
+                              extra_ldflags=thread_flags(), build_directory=str(out), verbose=False)
     except (RuntimeError, OSError, ImportError) as exc:
         first = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
         raise KernelUnavailable(f"building the row-invariant kernel ({isa}) failed ({first})") from None

@@ -8,6 +8,10 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <chrono>
+#include <mutex>
+#include <set>
+#include <thread>
 #include <vector>
 
 #include <sys/syscall.h>
@@ -277,6 +281,18 @@ torch::Tensor post_attention(torch::Tensor x, torch::Tensor q, torch::Tensor k, 
   return h + lin(act, d_w, d_s);
 }
 
+// How many threads the kernels' parallel ranges reach at the caller's torch thread count: n items, one per chunk.
+int64_t threads_used(int64_t n) {
+  std::mutex lock;
+  std::set<std::thread::id> ids;
+  parallel_for(0, n, 1, [&](int64_t, int64_t) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // every chunk long enough for the team to split it
+    std::lock_guard<std::mutex> guard(lock);
+    ids.insert(std::this_thread::get_id());
+  });
+  return static_cast<int64_t>(ids.size());
+}
+
 std::string path() {
 #ifdef ROWINV_AMX
   return "amx";
@@ -304,4 +320,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend", &attend, "row-invariant attention, causal or over a tree's visible keys", py::arg("q"),
         py::arg("k"), py::arg("v"), py::arg("scaling"), py::arg("visible") = py::none(), nogil());
   m.def("path", &path, "the SIMD path compiled in");
+  m.def("threads_used", &threads_used, "threads a parallel range of n items reaches", nogil());
 }
