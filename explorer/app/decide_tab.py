@@ -15,6 +15,7 @@ from explorer.app.page import read_text
 from explorer.errors import ExplorerError
 from explorer.measure.decide import DecideSettings, batch_sentence
 from explorer.measure.decide_cli import clean, decide, sections
+from explorer.measure.progress import LISTENER
 from explorer.measure.report import write_report
 from explorer.measure.workload import PromptSet, parse_prompts, read_prompt_text
 
@@ -115,7 +116,7 @@ def tables(result: dict) -> tuple[list[str], tuple]:
 
 
 def decide_tab(preset: str, text: str, upload: str | None, temperatures: str, max_new: int, diffusion: bool,
-               progress: gr.Progress = gr.Progress(track_tqdm=True)):  # noqa: B008
+               progress: gr.Progress = gr.Progress()):  # noqa: B008
     """Decode the prompts (AR and speculative, interleaved), fill in the checklist, return its tables and files.
     Bad input is one gr.Error; a part of the checklist that fails is one error line, and the rest is shown."""
     try:
@@ -133,11 +134,18 @@ def decide_tab(preset: str, text: str, upload: str | None, temperatures: str, ma
             raise ExplorerError(f"temperatures: comma-separated numbers such as 0,1 (got {temperatures!r})") from None
         if not temps or any(t < 0 for t in temps) or len(temps) > 3:
             raise ExplorerError("temperatures: one to three numbers >= 0")
-        # progress: decide's tqdm bars (prompt i of n, per part), mirrored by Gradio under the verdicts
-        s = DecideSettings(max_new_tokens=int(max_new), temperatures=temps, progress=True,
+        s = DecideSettings(max_new_tokens=int(max_new), temperatures=temps, progress=False,
                            diffusion_divisors=DecideSettings.diffusion_divisors if diffusion else ())
         models = load_preset(preset, progress)
-        result = decide(models, [PromptSet("your prompts", "the page", tuple(prompts))], s)
+
+        def said(done: int, total: int, what: str, left: float | None) -> None:  # the line under the verdicts
+            progress((done, total), desc=what + ("" if left is None else f", about {left:.0f} s left"), unit="steps")
+
+        listening = LISTENER.set(said)
+        try:
+            result = decide(models, [PromptSet("your prompts", "the page", tuple(prompts))], s)
+        finally:
+            LISTENER.reset(listening)
     except ExplorerError as exc:
         raise gr.Error(str(exc), print_exception=False) from None
     except Exception as exc:  # noqa: BLE001 - the page keeps serving and says what failed
@@ -183,10 +191,14 @@ def build_decide_tab(preset: gr.components.Component) -> None:
             diffusion = gr.Checkbox(True, label="Also find where diffusion's quality holds")
             go = gr.Button("Decide on these prompts", variant="primary", elem_id="decide-run")
     verdicts = gr.Markdown(elem_id="decide-verdicts")
-    groups = gr.Dataframe(label="1. Acceptance and speedup by group (95% bootstrap intervals)", wrap=True)
-    tail = gr.Dataframe(label="2. The tail: request and inter-token latency percentiles (ms)", wrap=True)
-    memory = gr.Dataframe(label="4. The drafter's memory at your lengths (measured)", wrap=True)
-    diff = gr.Dataframe(label="6. Diffusion: K (or threshold) where quality holds", wrap=True)
+    groups = gr.Dataframe(label="1. Acceptance and speedup by group (95% bootstrap intervals)",
+                          wrap=True, elem_id="decide-groups")
+    tail = gr.Dataframe(label="2. The tail: request and inter-token latency percentiles (ms)",
+                        wrap=True, elem_id="decide-tail")
+    memory = gr.Dataframe(label="4. The drafter's memory at your lengths (measured)",
+                          wrap=True, elem_id="decide-memory")
+    diff = gr.Dataframe(label="6. Diffusion: K (or threshold) where quality holds",
+                        wrap=True, elem_id="decide-diff")
     files = gr.Files(label="The decision as JSON and HTML")
     go.click(decide_tab, [preset, text, upload, temperatures, max_new, diffusion],
              [verdicts, groups, tail, memory, diff, files], api_name="decide", concurrency_id="decode",

@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import math
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from explorer.decoding.api import encode_prompt, make_config
 from explorer.decoding.config import DecodeConfig
 from explorer.decoding.events import Proposal, RefinementStep, TokenStep, Trace, Verification
 from explorer.errors import ExplorerError
+from explorer.measure import progress
 from explorer.measure.metrics import (
     PERCENTILES,
     inter_token_latencies,
@@ -144,9 +146,10 @@ def run_requests(models: Models, sets: list[PromptSet], configs: list[RunConfig]
         for _ in range(s.warmup):
             explorer.decode(cfg.method, run_models, first.text, **decode_options(cfg, s, first.temperature, 0))
     tasks = [(r, ps, p, cfg) for r in range(s.repeats) for ps in sets for p in ps.prompts for cfg in configs]
-    rows = []
-    for repeat, prompt_set, prompt, cfg in tqdm(tasks, desc=desc, unit="req", file=sys.stderr,
-                                                disable=not s.progress, dynamic_ncols=True):
+    rows, started = [], time.perf_counter()
+    for i, (repeat, prompt_set, prompt, cfg) in enumerate(tqdm(tasks, desc=desc, unit="req", file=sys.stderr,
+                                                               disable=not s.progress, dynamic_ncols=True)):
+        progress.tell(i, len(tasks), f"{desc}: request {i + 1} of {len(tasks)}, the {cfg.method} lane", started)
         options = decode_options(cfg, s, prompt.temperature, repeat)
         reset = _reset_peak_memory(models.device)
         trace = explorer.decode(cfg.method, run_models, prompt.text, **options)

@@ -16,6 +16,7 @@ from transformers import DynamicCache
 from explorer.errors import ExplorerError
 from explorer.measure.bench import BATCHES, BenchSettings, RunConfig, fit_alpha, run_requests
 from explorer.measure.metrics import noise_flag, pass_spread, predicted_speedup
+from explorer.measure.progress import tell
 from explorer.measure.report import (
     Section,
     batch_figure,
@@ -58,8 +59,9 @@ def batch_costs(models: Models, gamma: int, alpha: float, batches: tuple[int, ..
         raise ExplorerError(f"preset {models.preset.name!r} has no draft model; the batch sweep times target vs draft")
     gen = torch.Generator().manual_seed(0)
     expected_tokens = (1 - alpha ** (gamma + 1)) / (1 - alpha) if alpha < 1 else gamma + 1
-    rows = []
-    for b in tqdm(batches, desc="sweep batch", file=sys.stderr, disable=not progress):
+    rows, started = [], time.perf_counter()
+    for i, b in enumerate(tqdm(batches, desc="sweep batch", file=sys.stderr, disable=not progress)):
+        tell(i, len(batches), f"the batch sweep: batch {b} ({i + 1} of {len(batches)})", started)
         target, draft = filled_cache(models.target, b, cache_len, gen), filled_cache(models.draft, b, cache_len, gen)
         times = [[pass_seconds(models.target, target, b, 1, gen),
                   pass_seconds(models.target, target, b, gamma + 1, gen),

@@ -89,7 +89,7 @@ def run_traffic(models: Models, sets: list[PromptSet], s: DecideSettings, label:
         b = bench_settings(models, s, t)
         gamma, cut, label = preset_chain(models, s.gamma, b.drafter)
         configs = [RunConfig(AR, AR), RunConfig(SPEC, label, {"gamma": gamma, "draft_confidence": cut})]
-        frames.append(run_requests(models, sets, configs, b, desc=f"decide{label} T={t:g}"))
+        frames.append(run_requests(models, sets, configs, b, desc=f"T = {t:g}, autoregressive and {label}"))
     frame = pd.concat(frames, ignore_index=True)
     frame["category"] = frame["prompt_id"].map(groups)
     frame["prompt_tokens"] = frame["prompt_id"].map(tokens)
@@ -291,7 +291,7 @@ def diffusion_rows(models: Models, sets: list[PromptSet], s: DecideSettings, gro
     configs.append(RunConfig("diffusion", f"threshold {s.threshold:g}", {"steps": n, "block_length": block,
                                                                         "threshold": s.threshold}, x=0))
     b = replace(bench_settings(models, s, s.temperatures[0]), quality=True)
-    frame = run_requests(models, subset, configs, b, desc="decide diffusion")
+    frame = run_requests(models, subset, configs, b, desc="diffusion quality")
     frame["seconds_per_token"] = frame["latency_s"] / frame["new_tokens"].clip(lower=1)
     ar = frame[frame["method"] == AR]
     ar_ppl = float(np.median(ar["perplexity"]))
