@@ -167,21 +167,33 @@ class LeanLayer(nn.Module):
         self.input_norm, self.post_norm = layer.input_layernorm.weight.detach().float(), \
             layer.post_attention_layernorm.weight.detach().float()
         self.eps = float(layer.input_layernorm.variance_epsilon)
+        self._args: tuple | None = None
+
+    def _apply(self, fn, recurse=True):  # .to() and the like replace the tensors: gather them again
+        self._args = None
+        return super()._apply(fn, recurse)
+
+    def _kernel_args(self) -> tuple:
+        """The kernels' tensors and numbers, gathered once (module attribute lookups cost ~10% of a 2-thread pass)."""
+        if self._args is None:
+            a, m = self.attention, self.mlp
+            self._args = (kernels.load(), a.layer_idx, float(a.scaling),
+                          (self.input_norm, self.eps, a.qkv.kernel_weight, a.qkv.scale),
+                          (a.heads, a.kv_heads),
+                          (a.o_proj.kernel_weight, a.o_proj.scale, self.post_norm, self.eps, m.gate_up.kernel_weight,
+                           m.gate_up.scale, m.down_proj.kernel_weight, m.down_proj.scale))
+        return self._args
 
     def forward(self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
                 past_key_values=None, **kwargs) -> torch.Tensor:  # (1, M, hidden) -> (1, M, hidden)
         if hidden_states.shape[0] != 1:
             raise ValueError("row-invariant decoding supports batch 1 only")
-        ext, a, m = kernels.load(), self.attention, self.mlp
-        cos, sin = position_embeddings
-        q, k, v = ext.pre_attention(hidden_states, self.input_norm, self.eps, a.qkv.kernel_weight, a.qkv.scale,
-                                    cos, sin, a.heads, a.kv_heads)  # (1, H, M, D), (1, Hkv, M, D) x 2
+        ext, layer, scaling, pre, heads, post = self._kernel_args()
+        q, k, v = ext.pre_attention(hidden_states, *pre, *position_embeddings, *heads)  # (1, H, M, D), (1, Hkv, M, D)
         if past_key_values is not None:
-            k, v = past_key_values.update(k, v, a.layer_idx)
+            k, v = past_key_values.update(k, v, layer)
         visible = visible_keys(kwargs.get("attention_mask"))  # None: causal; else a tree's (M, L) mask
-        return ext.post_attention(hidden_states, q, k, v, float(a.scaling), a.o_proj.kernel_weight, a.o_proj.scale,
-                                  self.post_norm, self.eps, m.gate_up.kernel_weight, m.gate_up.scale,
-                                  m.down_proj.kernel_weight, m.down_proj.scale, visible)
+        return ext.post_attention(hidden_states, q, k, v, scaling, *post, visible)
 
 
 def register_attention() -> None:
