@@ -73,13 +73,34 @@ def test_a_setup_label_reads_as_words():
         "confidence · K=32 · block=32 · threshold=0.7 · T=0 · N=32 · int8"
 
 
-def test_every_decode_option_reaches_the_page_or_is_named_as_not():
-    """A new DecodeConfig option fails here until the page has a control for it (lane_settings.Settings, in the
-    controls' order) or lane_settings.NOT_ON_PAGE says why not; the CLI's flags are checked in test_api_cli."""
-    from explorer.app.lane_settings import NOT_ON_PAGE, Settings
+def page_value(option):
+    """OTHER's value of an option as its page control holds it (K and the block length as fractions of N = 64)."""
+    return {"steps": 4, "block_length": 2, "max_new_tokens": 16}.get(option, OTHER.get(option, 7))
 
-    fields = {f.name for f in dataclasses.fields(DecodeConfig)}
-    reached = set().union(*(Settings(sampler="revoke", revoke_below=0.3, tree="2,1").options(m) for m in METHODS),
-                          *(Settings(sampler="entropy", entropy_bound=0.3).options(m) for m in METHODS))  # a chain
-    assert fields - reached == set(NOT_ON_PAGE), "an option neither on the page nor in NOT_ON_PAGE"
-    assert reached <= fields
+
+@pytest.fixture(scope="module")
+def page_labels():
+    from explorer.app import ui
+
+    return {getattr(b, "label", None) for b in ui.build_demo("random-tiny").blocks.values()}
+
+
+@pytest.mark.parametrize("option", [f.name for f in dataclasses.fields(DecodeConfig)])
+def test_every_decode_option_is_a_control_on_the_page_that_reaches_the_decoder(page_labels, option):
+    """Each DecodeConfig field is a control of the built page (made from its Control: label, kind) and, set on the
+    page, reaches explorer.decode's options in a method it is part of, where it acts: a new option is on the page
+    by being a field. The CLI's flags are checked in test_api_cli, the setup key above."""
+    from explorer.app import lane_settings
+    from explorer.decoding.config import OPTIONS, applies
+
+    assert OPTIONS[option].control.label in page_labels, f"{option} has no control on the page"
+    page = next(p for p, name, _ in lane_settings.PAGE if name == option)
+    base = lane_settings.Settings(max_new_tokens=64, sampler={"entropy_bound": "entropy", "revoke_below": "revoke"}
+                                  .get(option, "confidence"), drafter={"max_ngram": "prompt_lookup",
+                                  "early_exit_layers": "early_exit", "draft_passes": "diffusion"}.get(option, "model"))
+    moved = dataclasses.replace(base, **{page: page_value(option)})
+    methods = [m for m in METHODS if applies(option, m, moved.options(m))] if OPTIONS[option].methods else METHODS
+    assert methods, f"{option} acts in no method"
+    for method in methods:
+        before, after = base.options(method), moved.options(method)
+        assert option in after and after[option] != before.get(option), f"{option} did not reach a {method} decode"

@@ -23,7 +23,7 @@ RESULT = handlers.RUN_OUTPUTS.index("result")  # /run outputs: frame, run table,
 # (1 = real time).
 BASE = lane_settings.Settings(max_new_tokens=32, temperature=0.0, top_p=1.0, seed=0, drafter="model", gamma=4,
                    adaptive_gamma=False, tokens_per_step=2, blocks=2, remasking="low_confidence", threshold=0.0,
-                   cache=lane_settings.Settings.cache, flags=lane_settings.FLAG_FIELDS)
+                   cache=lane_settings.Settings.cache)
 SETTINGS = tuple(BASE.as_inputs())
 SHORT = tuple(dataclasses.replace(BASE, max_new_tokens=8).as_inputs())  # the same with N = 8
 RUN_ARGS = (PROMPT, "random-tiny", LANES, *SETTINGS, 1.0)
@@ -169,7 +169,7 @@ def test_decode_alone_reports_progress_then_the_trace_and_stops_when_closed(rand
     items = list(playback.decode_alone("speculative", random_models, PROMPT, options))
     assert items[-1][2] is not None and all(trace is None for _, _, trace in items[:-1])
     assert items[-1][2].token_ids == explorer.decode("speculative", random_models, PROMPT, **options).token_ids
-    options = lane_settings.Settings(max_new_tokens=256).options("x")
+    options = lane_settings.Settings(max_new_tokens=256).options("autoregressive")
     gen = playback.decode_alone("autoregressive", random_models, PROMPT, options)
     events, clock, trace = next(gen)
     assert trace is None  # a progress item while the decoder runs
@@ -213,8 +213,8 @@ def test_every_max_new_tokens_value_is_valid_with_the_defaults():
 
 def test_settings_map_to_decode_options():
     s = lane_settings.Settings(max_new_tokens=32, top_p=1.0, threshold=0.0, tokens_per_step=4, blocks=2)
-    assert s.options("autoregressive") == {"max_new_tokens": 32, "temperature": 0.0, "top_p": None, "seed": 0,
-                                           **{f: f in s.flags for f in lane_settings.FLAG_FIELDS}}
+    assert s.options("autoregressive") == {"max_new_tokens": 32, "temperature": 0.0, "top_p": None, "top_k": None,
+                                           "seed": 0}
     diffusion = s.options("diffusion", seed_offset=2)
     assert (diffusion["steps"], diffusion["block_length"]) == (8, 16)
     assert diffusion["threshold"] is None and diffusion["seed"] == 2
@@ -263,13 +263,16 @@ def test_the_drafter_gamma_and_diffusion_controls_follow_the_preset():
     assert (start.drafter, start.gamma, start.tokens_per_step, start.blocks, start.threshold) == (
         "assistant", smollm2.gamma, 1, 8, smollm2.diffusion_threshold)
     assert start.draft_confidence == smollm2.draft_confidence > 0
-    info, drafter, gamma, per_step, blocks, threshold, cut, sampler = lane_settings.describe_preset(
-        "random-tiny", progress=None)
+    info, *updates = lane_settings.describe_preset("random-tiny", progress=None)
+    got = dict(zip(lane_settings.PRESET_CONTROLS, updates, strict=True))
     preset = explorer.load_models("random-tiny", device="cpu").preset
-    assert "random-tiny" in info and "assistant" in drafter["choices"] and drafter["value"] == preset.drafter
-    assert (gamma["value"], per_step["value"], blocks["value"], threshold["value"]) == (
-        preset.gamma, preset.diffusion_tokens_per_step, preset.diffusion_blocks, preset.diffusion_threshold)
-    assert cut["value"] == (preset.draft_confidence or 0.0) and sampler["value"] == preset.diffusion_sampler
+    assert "random-tiny" in info and "assistant" in got["drafter"]["choices"] and got["drafter"]["value"] == \
+        preset.drafter
+    assert (got["gamma"]["value"], got["tokens_per_step"]["value"], got["blocks"]["value"]) == (
+        preset.gamma, preset.diffusion_tokens_per_step, preset.diffusion_blocks)
+    assert got["threshold"]["value"] == (preset.diffusion_threshold or 0.0)  # the slider's "off"
+    assert got["draft_confidence"]["value"] == (preset.draft_confidence or 0.0)
+    assert got["sampler"]["value"] == preset.diffusion_sampler
     info, drafter, *_ = lane_settings.describe_preset("tiny", progress=None)
     assert "assistant" not in drafter["choices"]
 

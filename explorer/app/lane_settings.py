@@ -4,7 +4,8 @@ loading a preset for the app (cached, warmed up, described)."""
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, fields
+import typing
+from dataclasses import field, make_dataclass
 from typing import Any
 
 import gradio as gr
@@ -12,15 +13,18 @@ import gradio as gr
 import explorer
 from explorer.app import plots
 from explorer.decoding.api import make_config, model_dtype
-from explorer.decoding.config import DEFAULT_CACHE, METHODS, DecodeConfig, validate_prompt
+from explorer.decoding.config import METHODS, OPTIONS, Control, DecodeConfig, applies, validate_prompt
 from explorer.decoding.drafters import available_drafters
 from explorer.errors import ExplorerError
 from explorer.models import DEFAULT_PRESET, PRESETS, Models
 from explorer.precision import EXACT, parse_preset
 
-TOKENS_PER_STEP = (1, 2, 4, 8)  # diffusion: N/K, so K follows N
-BLOCKS = (1, 2, 4, 8)  # diffusion: N / block length, so the block length follows N
-FLAG_FIELDS = tuple(f.name for f in fields(DecodeConfig) if f.type in ("bool", bool) and f.name != "adaptive_gamma")
+# (the page's name, the option's, its Control) for every decode option, in DecodeConfig's order: the sidebar's
+# controls, the Settings fields and the /run inputs after prompt, preset and lanes (explorer/app/controls.py)
+PAGE = [(o.control.page_name or name, name, o.control) for name, o in OPTIONS.items()]
+TOKENS_PER_STEP = tuple(v for _, v in OPTIONS["steps"].control.choices)  # diffusion: N/K, so K follows N
+BLOCKS = tuple(v for _, v in OPTIONS["block_length"].control.choices)  # N / block length: it follows N
+_TYPES = typing.get_type_hints(DecodeConfig)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -37,82 +41,69 @@ def diffusion_plan(max_new_tokens: int, tokens_per_step: int, blocks: int) -> tu
     return blocks * per_block, block_length
 
 
-@dataclass(frozen=True)
-class Settings:
-    """Every decoding control, in the order of the UI inputs (after prompt, preset and lanes)."""
+def page_default(name: str, control: Control) -> Any:
+    """A control's starting value: its own, else the option's default (None shown as the control's 'off')."""
+    if control.default is not None:
+        return control.default
+    value = getattr(DecodeConfig, name)
+    return control.off if value is None else value
 
-    max_new_tokens: int = DecodeConfig.max_new_tokens
-    temperature: float = DecodeConfig.temperature
-    top_p: float = 1.0
-    seed: int = DecodeConfig.seed
-    drafter: str = DecodeConfig.drafter
-    gamma: int = DecodeConfig.gamma
-    adaptive_gamma: bool = DecodeConfig.adaptive_gamma
-    tokens_per_step: int = 2  # diffusion: N/K
-    blocks: int = 4  # diffusion: N / block length
-    remasking: str = DecodeConfig.remasking
-    threshold: float = 0.0
-    cache: str = DEFAULT_CACHE  # diffusion KV cache (and the diffusion drafter's)
-    flags: tuple[str, ...] = tuple(name for name in FLAG_FIELDS if getattr(DecodeConfig, name))
-    tree: str = ""  # speculative: a token tree ("3,2,1", "dynamic:16"); empty: a chain
-    draft_confidence: float = 0.0  # speculative: stop a chain's draft below this probability (0: off)
-    sampler: str = DecodeConfig.sampler  # diffusion: which masks a pass reveals (decoding/unmasking.py)
-    entropy_bound: float = 0.0  # diffusion, sampler entropy (0: its default)
-    revoke_below: float = 0.0  # diffusion, sampler revoke (0: its default)
 
+def option_value(name: str, control: Control, value: Any) -> Any:
+    """A control's value as the option's: 'off' is None, the rest of the option's type (a slider gives 0 for 0.0)."""
+    if value is None or (control.off is not None and value == control.off):
+        return None
+    kind = _TYPES[name]
+    base = next(t for t in (bool, int, float, str) if kind is t or t in typing.get_args(kind))
+    return base(value.strip() if isinstance(value, str) else value)
+
+
+class _SettingsMethods:
     @classmethod
-    def from_values(cls, values: list[Any] | tuple[Any, ...]) -> Settings:
-        kwargs = dict(zip(SETTING_NAMES, values, strict=True))
-        kwargs["flags"] = tuple(kwargs.get("flags") or ())
-        return cls(**kwargs)
+    def from_values(cls, values: list[Any] | tuple[Any, ...]) -> Any:
+        return cls(**dict(zip(SETTING_NAMES, values, strict=True)))
 
     def as_inputs(self) -> list[Any]:
         """The values in field order, as the UI inputs (and a gradio_client call) take them; inverse of from_values."""
-        return [list(v) if isinstance(v, tuple) else v for v in (getattr(self, n) for n in SETTING_NAMES)]
+        return [getattr(self, n) for n in SETTING_NAMES]
 
     @property
     def diffusion(self) -> tuple[int, int]:
-        return diffusion_plan(self.max_new_tokens, self.tokens_per_step, self.blocks)
+        return diffusion_plan(self.max_new_tokens, self.tokens_per_step, self.blocks)  # type: ignore[attr-defined]
 
     def options(self, method: str, seed_offset: int = 0) -> dict[str, Any]:
-        """explorer.decode keyword options for ``method`` (0 means 'off' for top-p 1 and threshold 0)."""
-        options: dict[str, Any] = {"max_new_tokens": int(self.max_new_tokens), "temperature": float(self.temperature),
-                                   "top_p": None if self.top_p >= 1 else float(self.top_p),
-                                   "seed": int(self.seed) + seed_offset}
-        options.update({name: name in self.flags for name in FLAG_FIELDS})
-        if method == "speculative":
-            options.update(gamma=int(self.gamma), drafter=self.drafter, adaptive_gamma=bool(self.adaptive_gamma))
-            if (self.tree or "").strip():
-                options["tree"] = self.tree.strip()
-            else:  # a chain: cut where the draft gets unlikely (given even when off, so the preset's is not used)
-                options["draft_confidence"] = float(self.draft_confidence) or None
-            if self.drafter == "diffusion":
-                options.update(cache=self.cache)
-        if method == "diffusion":
-            steps, block = self.diffusion
-            options.update(steps=steps, block_length=block, remasking=self.remasking,
-                           threshold=float(self.threshold) or None, cache=self.cache, sampler=self.sampler,
-                           entropy_bound=float(self.entropy_bound) or None if self.sampler == "entropy" else None,
-                           revoke_below=float(self.revoke_below) or None if self.sampler == "revoke" else None)
+        """explorer.decode keyword options for ``method``: every option that acts in it (config.applies), each
+        control's 'off' as None, diffusion's K and block length from their fractions of N."""
+        values = {name: option_value(name, c, getattr(self, page)) for page, name, c in PAGE}
+        values["steps"], values["block_length"] = self.diffusion
+        options = {name: value for name, value in values.items() if applies(name, method, values)}
+        options["seed"] = int(self.seed) + seed_offset  # type: ignore[attr-defined]
         return options
 
 
-SETTING_NAMES = [f.name for f in fields(Settings)]
-# The decode options the page has no control for, and why (tests/test_setups.py checks that every other
-# DecodeConfig field reaches explorer.decode from the page's controls).
-NOT_ON_PAGE = {"top_k": "top-p is the page's truncation; top-k is the API's, the CLI's and the Audit tab's",
-               "max_ngram": "prompt lookup's n-gram length: the API and CLI",
-               "early_exit_layers": "the preset's early exit: the API and CLI",
-               "draft_passes": "the diffusion drafter's passes per draft: the API and CLI"}
+# Every decoding control, in the order of the UI inputs (after prompt, preset and lanes): one field per option.
+Settings = make_dataclass("Settings", [(page, Any, field(default=page_default(name, c))) for page, name, c in PAGE],
+                          bases=(_SettingsMethods,), frozen=True)
+Settings.__doc__ = "The page's value of every decode option (lane_settings.PAGE), as one object the handlers take."
+SETTING_NAMES = [page for page, _, _ in PAGE]
 
 
-def preset_settings(name: str = DEFAULT_PRESET) -> Settings:
-    """The controls' starting values for a preset: its drafter and γ, and its diffusion steps, blocks and
-    threshold."""
-    p = PRESETS[parse_preset(name)[0]]  # "smollm2-135m@float32": the preset's own settings
-    return Settings(drafter=p.drafter, gamma=p.gamma, tokens_per_step=p.diffusion_tokens_per_step,
-                    blocks=p.diffusion_blocks, threshold=p.diffusion_threshold, sampler=p.diffusion_sampler,
-                    draft_confidence=p.draft_confidence or 0.0)
+# The controls a preset sets when it is chosen (page name: the preset's attribute): its drafter and γ, where its
+# chain's draft stops, and the diffusion steps, blocks, threshold and sampler its diffusion model was measured with.
+PRESET_CONTROLS = {"drafter": "drafter", "gamma": "gamma", "draft_confidence": "draft_confidence",
+                   "tokens_per_step": "diffusion_tokens_per_step", "blocks": "diffusion_blocks",
+                   "threshold": "diffusion_threshold", "sampler": "diffusion_sampler"}
+
+
+def _preset_values(preset: Any) -> dict[str, Any]:
+    controls = {page: c for page, _, c in PAGE}
+    values = {page: getattr(preset, attr) for page, attr in PRESET_CONTROLS.items()}
+    return {page: controls[page].off if v is None else v for page, v in values.items()}
+
+
+def preset_settings(name: str = DEFAULT_PRESET) -> Any:
+    """The controls' starting values for a preset (PRESET_CONTROLS), the rest at their defaults."""
+    return Settings(**_preset_values(PRESETS[parse_preset(name)[0]]))  # "smollm2-135m@float32": its own settings
 
 
 _WARMED: set[int] = set()
@@ -173,17 +164,15 @@ def describe_models(models: Models) -> str:
 
 
 def describe_preset(preset: str, progress: gr.Progress = gr.Progress()) -> tuple[Any, ...]:  # noqa: B008
-    """The preset's description, and its defaults for the controls that depend on it: the drafters it
-    can run (its own selected), its γ, the diffusion steps, blocks, threshold and sampler its diffusion model was
-    measured with, and where its chain's draft stops."""
+    """The preset's description, then its values of the PRESET_CONTROLS (the drafter's choices: the drafters it
+    can run, its own selected)."""
     models = load_preset(preset, progress)
-    p = models.preset
     drafters = available_drafters(models)
-    return (describe_models(models),
-            gr.update(choices=drafters, value=p.drafter if p.drafter in drafters else drafters[0]),
-            gr.update(value=p.gamma), gr.update(value=p.diffusion_tokens_per_step), gr.update(value=p.diffusion_blocks),
-            gr.update(value=p.diffusion_threshold), gr.update(value=p.draft_confidence or 0.0),
-            gr.update(value=p.diffusion_sampler))
+    values = _preset_values(models.preset)
+    updates = {page: gr.update(value=v) for page, v in values.items()}
+    updates["drafter"] = gr.update(choices=drafters, value=values["drafter"] if values["drafter"] in drafters
+                                   else drafters[0])
+    return (describe_models(models), *updates.values())
 
 
 def lane_tokenizer(models: Models, method: str) -> Any:

@@ -31,6 +31,7 @@ from explorer.app.handlers import (
     why_text,
 )
 from explorer.app.lane_settings import (
+    PRESET_CONTROLS,
     SETTING_NAMES,
     Settings,
     describe_preset,
@@ -300,9 +301,10 @@ def _wire(c: Controls, demo: gr.Blocks) -> None:
                "scrubber": c.scrubber, "runs": c.runs, "runs_table": c.runs_table, "show_run": c.show_run,
                "compare": c.compare, "compare_plot": c.compare_plot}
     c.run.click(None, js=SCROLL_JS)
+    preview = {"fn": preview_frame, "inputs": [c.current, c.lanes, *c.settings], "outputs": c.frame,
+               "api_visibility": "undocumented", "show_progress": "hidden", "queue": False}
     for control in (c.lanes, *c.settings):  # the waiting lanes' headers follow the controls
-        control.change(preview_frame, [c.current, c.lanes, *c.settings], c.frame, api_visibility="undocumented",
-                       show_progress="hidden", queue=False)
+        control.change(**preview)
     run_inputs = [c.prompt, c.preset, c.lanes, *c.settings, c.speed, c.history, c.runs]
     run = c.run.click(with_settings(run_lanes, 3), run_inputs,
                       [outputs[name] for name in RUN_OUTPUTS], api_name="run", show_progress="hidden",
@@ -336,12 +338,11 @@ def _wire(c: Controls, demo: gr.Blocks) -> None:
     c.export.click(export_traces, c.history, c.files, api_name="export", api_visibility="undocumented")
     c.presenter.change(lambda on: gr.Sidebar(open=not on), c.presenter, c.sidebar, js=PRESENTER_JS,
                        api_visibility="undocumented", queue=False)
-    follows = [c.model_info] + [c.settings[SETTING_NAMES.index(n)]
-                                for n in ("drafter", "gamma", "tokens_per_step", "blocks", "threshold",
-                                          "draft_confidence", "sampler")]
+    follows = [c.model_info] + [c.settings[SETTING_NAMES.index(n)] for n in PRESET_CONTROLS]
     describe = taking_turn(describe_preset, "preset load")  # a load never runs beside a decode
-    c.preset.change(describe, c.preset, follows, api_visibility="undocumented", **decode_slot)
-    demo.load(describe, c.preset, follows, api_visibility="undocumented", **decode_slot)
+    # the waiting lanes' headers follow the preset's values too (an update from a handler fires no .change here)
+    c.preset.change(describe, c.preset, follows, api_visibility="undocumented", **decode_slot).then(**preview)
+    demo.load(describe, c.preset, follows, api_visibility="undocumented", **decode_slot).then(**preview)
     demo.load(None, js=LOAD_JS)
 
 

@@ -1,12 +1,14 @@
-"""Decoding options: one dataclass with defaults, validated in one place (``validate``)."""
+"""Decoding options: one dataclass whose fields each carry their whole description (help, setup, page control),
+validated in one place (``validate``)."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from explorer.decoding.unmasking import DEFAULT_SAMPLER, SAMPLERS
+from explorer.decoding.unmasking import DEFAULT_ENTROPY_BOUND, DEFAULT_REVOKE_BELOW, DEFAULT_SAMPLER, SAMPLERS
 from explorer.errors import ExplorerError
 
 METHODS = ("autoregressive", "speculative", "diffusion")
@@ -23,31 +25,156 @@ MAX_TREE_NODES, MAX_TREE_DEPTH = 256, 32
 
 
 @dataclass(frozen=True)
+class Control:
+    """How the page shows an option (explorer/app/controls.py builds it from this): ``kind`` is "slider" (``lo``,
+    ``hi``, ``step``), "choice" (``choices``: values, or (label, value) pairs), "check", "text" or "number". ``off``
+    is the control's value that means None (the option's own default: off, or the preset's); ``default`` the
+    control's starting value where it is not the option's. ``page_name``: the control sets a page value from which
+    the option is made (diffusion's K and block length are fractions of N on the page). ``more``: under "more
+    options", closed."""
+
+    kind: str
+    label: str
+    lo: float = 0
+    hi: float = 1
+    step: float = 1
+    choices: tuple[Any, ...] = ()
+    off: Any = None
+    default: Any = None
+    info: str = ""
+    elem_id: str | None = None
+    page_name: str | None = None
+    more: bool = False
+
+
+@dataclass(frozen=True)
+class Option:
+    """What one decode option is, in one place. ``methods``: the methods whose setup it is part of (it changes
+    their output distribution or their cost; none for the seed, which picks a sample); ``help``: its sentence (the
+    CLI's --help, the bench's flags); ``control``: how the page shows it; ``applies(method, values)``: whether it
+    acts, given the other options (the page passes an option only where it acts)."""
+
+    methods: tuple[str, ...]
+    help: str
+    control: Control
+    applies: Callable[[str, Mapping[str, Any]], bool] | None = None
+
+
+def option(default: Any, methods: tuple[str, ...], help: str, control: Control,
+           applies: Callable[[str, Mapping[str, Any]], bool] | None = None) -> Any:
+    return field(default=default, metadata={"option": Option(methods, help, control, applies)})
+
+
+ALL, SPEC, DIFF = METHODS, ("speculative",), ("diffusion",)
+
+
+def _drafter_is(name: str) -> Callable[[str, Mapping[str, Any]], bool]:
+    return lambda method, v: v.get("drafter") == name
+
+
+def _sampler_is(*names: str) -> Callable[[str, Mapping[str, Any]], bool]:
+    return lambda method, v: v.get("sampler", DEFAULT_SAMPLER) in names
+
+
+def _cuts_a_chain(method: str, v: Mapping[str, Any]) -> bool:
+    return not str(v.get("tree") or "").strip() and v.get("drafter") in TREE_DRAFTERS
+
+
+def _cache_applies(method: str, v: Mapping[str, Any]) -> bool:
+    return method == "diffusion" or v.get("drafter") == "diffusion"
+
+
+@dataclass(frozen=True)
 class DecodeConfig:
-    max_new_tokens: int = 64
-    temperature: float = 0.0
-    top_k: int | None = None
-    top_p: float | None = None
-    seed: int = 0
+    """Every option of a decode, each with its whole description (``Option``): the CLI flags (explorer/flags.py),
+    the page's controls (explorer/app/controls.py), the setup key (``SETUP_OPTIONS``) and the help all read it,
+    so a new option is one field here (and its range in ``validate``)."""
+
+    max_new_tokens: int = option(64, ALL, "tokens to generate (N)",
+                                 Control("slider", "max new tokens (N)", 8, 256, 8, elem_id="max-new"))
+    temperature: float = option(0.0, ALL, "0 = greedy; target and draft are warped alike by temperature, top-k, top-p",
+                                Control("slider", "temperature (0 = greedy)", 0, 2, 0.05, elem_id="temperature"))
+    top_p: float | None = option(None, ALL, "sample among the smallest set of tokens whose probability reaches "
+                                 "top_p, in (0, 1] (default: off)",
+                                 Control("slider", "top-p (1 = off)", 0.05, 1, 0.05, off=1.0))
+    top_k: int | None = option(None, ALL, "sample among the k most likely tokens only (default: off)",
+                               Control("slider", "top-k (0 = off)", 0, 200, 1, off=0, more=True))
+    seed: int = option(0, (), "seed of the one sampling generator a decode uses", Control("number", "seed"))
     # speculative
-    gamma: int = 4
-    drafter: str = "model"
-    adaptive_gamma: bool = False
-    max_ngram: int = 3  # prompt lookup
-    early_exit_layers: int | None = None
-    draft_passes: int = 1  # diffusion drafter: denoiser passes per proposal
-    draft_confidence: float | None = None  # stop a chain's draft once its probability under the drafter is below
+    drafter: str = option("model", SPEC, f"speculative: {', '.join(DRAFTERS)} (default: the preset's)",
+                          Control("choice", "drafter", choices=DRAFTERS))
+    gamma: int = option(4, SPEC, "speculative: tokens drafted per step, 1..64 (default: the preset's)",
+                        Control("slider", "γ (drafts per step, at most)", 1, 16, 1, elem_id="gamma"))
+    draft_confidence: float | None = option(
+        None, SPEC, "speculative: stop a chain's draft once the product of the drafter's probabilities of its tokens "
+        "(untempered softmax; EAGLE-2's value of a draft) falls below this, in (0, 1]; gamma is then the longest "
+        f"draft; drafters {', '.join(TREE_DRAFTERS)} (default: off)",
+        Control("slider", "stop the draft below this probability (0 = always γ)", 0, 0.95, 0.05, off=0.0,
+                elem_id="draft-confidence", info="a chain's draft ends once the drafter's probability of all of it "
+                "falls below this (EAGLE-2's value of a draft); γ is then the longest draft"), _cuts_a_chain)
+    # a token tree: None or "" = a chain of gamma drafts; "3,2,1" branching per depth; "dynamic:16"
+    tree: str | None = option(
+        None, SPEC, "speculative: draft a token tree instead of a chain: '3,2,1' = children per depth, 'dynamic:16' "
+        f"= best-first by cumulative draft probability up to 16 nodes (drafters {', '.join(TREE_DRAFTERS)}; "
+        "default: chain)",
+        Control("text", "token tree (empty: a chain of γ)", off="", elem_id="tree",
+                info="branching per depth (e.g. 3,2,1), or EAGLE-2's dynamic tree of N nodes (dynamic:16); drafters "
+                     f"{', '.join(TREE_DRAFTERS)} (an EAGLE head), every precision"))
+    adaptive_gamma: bool = option(False, SPEC, "speculative: gamma +2 after a full acceptance, -1 after a rejection "
+                                  "(up to 16)", Control("check", "adaptive γ (+2 after a full acceptance, −1 after "
+                                                        "a rejection)"))
+    max_ngram: int = option(3, SPEC, "prompt_lookup drafter: the longest n-gram it matches",
+                            Control("slider", "prompt lookup: longest n-gram", 1, 8, 1, more=True),
+                            _drafter_is("prompt_lookup"))
+    early_exit_layers: int | None = option(
+        None, SPEC, "early_exit drafter: target layers it runs (default: the preset's, else a third)",
+        Control("slider", "early exit: target layers it runs (0 = the preset's)", 0, 32, 1, off=0, more=True),
+        _drafter_is("early_exit"))
+    draft_passes: int = option(1, SPEC, "diffusion drafter: denoiser passes per draft",
+                               Control("slider", "diffusion drafter: passes per draft", 1, 8, 1, more=True),
+                               _drafter_is("diffusion"))
     # diffusion
-    steps: int | None = None  # default: max_new_tokens (one token revealed per pass)
-    block_length: int | None = None  # default: max_new_tokens (one block)
-    remasking: str = "low_confidence"
-    threshold: float | None = None
-    sampler: str = DEFAULT_SAMPLER  # which positions a pass reveals (and re-masks): decoding/unmasking.py
-    entropy_bound: float | None = None  # sampler "entropy" (and DiffusionGemma's sampler)
-    revoke_below: float | None = None  # sampler "revoke"
-    cache: str | None = None  # none | prefix | dual; None: DEFAULT_CACHE where the model takes a KV cache
-    # speculative token tree: None or "" = a chain of gamma drafts; "3,2,1" branching per depth; "dynamic:16"
-    tree: str | None = None
+    sampler: str = option(
+        DEFAULT_SAMPLER, DIFF, f"diffusion: which masked positions a pass reveals: {', '.join(SAMPLERS)} (confidence: "
+        "the most confident, or all above the threshold; entropy: lowest entropy first within entropy_bound "
+        "(EB-sampler); dilated: as confidence, never two neighbours in one pass; revoke: as confidence, and tokens "
+        "whose probability falls below revoke_below are masked again (WINO))",
+        Control("choice", "sampler (which masks a pass reveals)", choices=SAMPLERS, elem_id="sampler",
+                info="confidence: the most confident (or all above the threshold); entropy: lowest entropy first "
+                     "within a bound (EB-sampler); dilated: never two neighbours in one pass; revoke: tokens whose "
+                     "probability falls are masked again (WINO)"))
+    steps: int | None = option(
+        None, DIFF, "diffusion: denoiser passes K, a multiple of the number of blocks, <= N (default: N)",
+        Control("choice", "steps K (tokens revealed per pass = N/K)", page_name="tokens_per_step", default=2,
+                choices=tuple((f"N/{r}" if r > 1 else "N (one token a pass)", r) for r in (1, 2, 4, 8)),
+                elem_id="tokens-per-step"))
+    block_length: int | None = option(
+        None, DIFF, "diffusion: block length, divides N; blocks are filled left to right (default: N)",
+        Control("choice", "block length (blocks are filled left to right)", page_name="blocks", default=4,
+                choices=tuple((f"N/{b}" if b > 1 else "N (one block)", b) for b in (1, 2, 4, 8))))
+    remasking: str = option("low_confidence", DIFF,
+                            f"diffusion: which predictions a pass keeps: {', '.join(REMASKING)}",
+                            Control("choice", "remasking", choices=REMASKING))
+    threshold: float | None = option(
+        None, DIFF, "diffusion: also reveal every position above this confidence, in (0, 1] (Fast-dLLM; "
+        "default: off)",
+        Control("slider", "confidence threshold (0 = off)", 0, 1, 0.05, off=0.0,
+                info="samplers confidence, dilated and revoke"), _sampler_is("confidence", "dilated", "revoke"))
+    entropy_bound: float | None = option(
+        None, DIFF, "diffusion, sampler entropy (and DiffusionGemma): the bound on a pass's summed entropy in nats, "
+        f"> 0 (default: {DEFAULT_ENTROPY_BOUND:g}; DiffusionGemma's own)",
+        Control("slider", f"entropy bound, nats (0 = default {DEFAULT_ENTROPY_BOUND:g})", 0, 3, 0.05, off=0.0,
+                info="sampler entropy", elem_id="entropy-bound"), _sampler_is("entropy"))
+    revoke_below: float | None = option(
+        None, DIFF, "diffusion, sampler revoke: re-mask a committed token whose probability falls below this, in "
+        f"(0, 1) (default: {DEFAULT_REVOKE_BELOW:g})",
+        Control("slider", f"re-mask below this probability (0 = default {DEFAULT_REVOKE_BELOW:g})", 0, 0.95, 0.05,
+                off=0.0, info="sampler revoke", elem_id="revoke-below"), _sampler_is("revoke"))
+    cache: str | None = option(
+        None, SPEC + DIFF, "diffusion KV cache (the diffusion lane's and the diffusion drafter's): "
+        f"{', '.join(CACHES)} (default: {DEFAULT_CACHE!r} where the model takes one)",
+        Control("choice", "KV cache (Fast-dLLM)", choices=CACHES, default=DEFAULT_CACHE,
+                info="prefix: prompt and finished blocks; dual: also the masked suffix. Approximate."), _cache_applies)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -61,57 +188,29 @@ class DecodeConfig:
         return self.block_length if self.block_length is not None else self.max_new_tokens
 
 
-# One sentence per option: the CLI's --help, the bench's flags and docs/design.md read these.
-OPTION_HELP = {
-    "max_new_tokens": "tokens to generate (N)",
-    "temperature": "0 = greedy; target and draft are warped alike by temperature, top-k, top-p",
-    "top_k": "sample among the k most likely tokens only (default: off)",
-    "top_p": "sample among the smallest set of tokens whose probability reaches top_p, in (0, 1] (default: off)",
-    "seed": "seed of the one sampling generator a decode uses",
-    "gamma": "speculative: tokens drafted per step, 1..64 (default: the preset's)",
-    "drafter": f"speculative: {', '.join(DRAFTERS)} (default: the preset's)",
-    "adaptive_gamma": "speculative: gamma +2 after a full acceptance, -1 after a rejection (up to 16)",
-    "max_ngram": "prompt_lookup drafter: the longest n-gram it matches",
-    "early_exit_layers": "early_exit drafter: target layers it runs (default: the preset's, else a third)",
-    "draft_passes": "diffusion drafter: denoiser passes per draft",
-    "draft_confidence": "speculative: stop a chain's draft once the product of the drafter's probabilities of its "
-                        "tokens (untempered softmax; EAGLE-2's value of a draft) falls below this, in (0, 1]; gamma "
-                        "is then the longest draft; drafters model, early_exit, assistant (default: off)",
-    "steps": "diffusion: denoiser passes K, a multiple of the number of blocks, <= N (default: N)",
-    "block_length": "diffusion: block length, divides N; blocks are filled left to right (default: N)",
-    "remasking": f"diffusion: which predictions a pass keeps: {', '.join(REMASKING)}",
-    "threshold": "diffusion: also reveal every position above this confidence, in (0, 1] (Fast-dLLM; default: off)",
-    "sampler": f"diffusion: which masked positions a pass reveals: {', '.join(SAMPLERS)} (confidence: the most "
-               "confident, or all above the threshold; entropy: lowest entropy first within entropy_bound "
-               "(EB-sampler); dilated: as confidence, never two neighbours in one pass; revoke: as confidence, and "
-               "tokens whose probability falls below revoke_below are masked again (WINO))",
-    "entropy_bound": "diffusion, sampler entropy (and DiffusionGemma): the bound on a pass's summed entropy in nats, "
-                     "> 0 (default: 0.5; DiffusionGemma's own)",
-    "revoke_below": "diffusion, sampler revoke: re-mask a committed token whose probability falls below this, in "
-                    "(0, 1) (default: 0.3)",
-    "tree": "speculative: draft a token tree instead of a chain: '3,2,1' = children per depth, 'dynamic:16' = "
-            "best-first by cumulative draft probability up to 16 nodes (drafters model, early_exit; default: chain)",
-    "cache": f"diffusion KV cache: {', '.join(CACHES)} (default: {DEFAULT_CACHE!r} where the model takes one)",
-}
+OPTIONS: dict[str, Option] = {f.name: f.metadata["option"] for f in fields(DecodeConfig)}
+OPTION_HELP = {name: o.help for name, o in OPTIONS.items()}  # the CLI's --help, the bench's flags, docs/design.md
 
-
-# What a decode's setup is: every option its output distribution or its cost depends on, per method. Measure's rows,
-# the latency plot's series, the run history's pooled speedups and the bench's labels all key on ``setup_label``,
-# so two decodes that differ in any of these are never pooled. Not in a setup: ``seed`` (it picks a sample, not the
-# distribution); every other DecodeConfig field is in at least one method's list (tests/test_setups.py).
+# What a decode's setup is: every option its output distribution or its cost depends on, per method (each
+# option's ``methods``): Measure's rows, the latency plot's series, the run history's pooled speedups and the
+# bench's labels all key on ``setup_label``, so two decodes that differ in any of these are never pooled. The
+# method's own options first, then these, in this order (a label reads "model · γ=4 · ... · T=0 · N=64").
 COMMON_SETUP = ("temperature", "top_k", "top_p", "max_new_tokens")
-SETUP_OPTIONS = {
-    "autoregressive": COMMON_SETUP,
-    "speculative": ("drafter", "gamma", "draft_confidence", "tree", "adaptive_gamma", "max_ngram", "early_exit_layers",
-                    "draft_passes") + COMMON_SETUP,
-    "diffusion": ("sampler", "steps", "block_length", "remasking", "threshold", "entropy_bound", "revoke_below",
-                  "cache") + COMMON_SETUP,
-}
-NOT_SETUP = ("seed",)
+SETUP_OPTIONS = {m: tuple(n for n, o in OPTIONS.items() if m in o.methods and n not in COMMON_SETUP) + COMMON_SETUP
+                 for m in METHODS}
+NOT_SETUP = tuple(n for n, o in OPTIONS.items() if not o.methods)  # the seed: it picks a sample, not a setup
 # how a setup label names an option (the rest by their own name)
 SETUP_NAMES = {"max_new_tokens": "N", "temperature": "T", "gamma": "γ", "draft_confidence": "cut", "steps": "K",
                "block_length": "block", "top_k": "top-k", "top_p": "top-p"}
 ALWAYS_SHOWN = ("max_new_tokens", "temperature", "drafter", "gamma", "sampler", "steps", "block_length")
+
+
+def applies(name: str, method: str, values: Mapping[str, Any]) -> bool:
+    """Whether option ``name`` acts in a ``method`` decode with these option values (a setup's or the page's)."""
+    o = OPTIONS[name]
+    if o.methods and method not in o.methods:
+        return False
+    return o.applies is None or o.applies(method, values)
 
 
 def setup_items(method: str, config: Any, precision: str | None = None) -> tuple[tuple[str, Any], ...]:

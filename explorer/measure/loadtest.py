@@ -26,7 +26,7 @@ from gradio_client import Client
 import explorer
 from explorer.app import ui
 from explorer.app.handlers import RUN_OUTPUTS
-from explorer.app.lane_settings import FLAG_FIELDS, Settings
+from explorer.app.lane_settings import Settings
 from explorer.decoding.config import METHODS
 from explorer.errors import ExplorerError
 from explorer.measure.metrics import percentile
@@ -83,7 +83,7 @@ def session_inputs(index: int, preset: str, max_new_tokens: int) -> tuple:
     prompt = f"def handler_{index}(request):\n"
     settings = Settings(max_new_tokens=max_new_tokens, temperature=0.8, top_p=1.0, seed=1000 + index, drafter="model",
                         gamma=4, adaptive_gamma=False, tokens_per_step=2, blocks=1, remasking="low_confidence",
-                        threshold=0.0, flags=FLAG_FIELDS)
+                        threshold=0.0)
     return (prompt, preset, LANES, *settings.as_inputs(), 1.0)
 
 
