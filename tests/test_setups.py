@@ -6,6 +6,7 @@ themselves: a new DecodeConfig field is covered the moment it exists, or fails t
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 
@@ -14,11 +15,29 @@ from explorer.app import plots, runs
 from explorer.decoding.config import METHODS, NOT_SETUP, SETUP_OPTIONS, DecodeConfig, setup_label
 from explorer.measure import metrics
 
-# a second value per option, different from the first trace's
-OTHER = {"max_new_tokens": 9, "temperature": 0.7, "top_k": 5, "top_p": 0.9, "drafter": "prompt_lookup", "gamma": 3,
-         "draft_confidence": 0.4, "tree": "2,1", "adaptive_gamma": True, "max_ngram": 2, "early_exit_layers": 1,
-         "draft_passes": 2, "steps": 4, "block_length": 4, "remasking": "random", "threshold": 0.8, "cache": "prefix",
-         "sampler": "dilated", "entropy_bound": 0.3, "revoke_below": 0.4}
+
+def other_values(option):
+    """Values of an option other than its default, read from its page control (a new option has them at once)."""
+    c = config_options()[option].control
+    if c.kind == "slider":
+        values = [c.hi, c.lo, (c.lo + c.hi) / 2]
+    elif c.kind == "choice":
+        values = [v[1] if isinstance(v, tuple) else v for v in c.choices][::-1]
+    elif c.kind == "check":
+        values = [True, False]
+    elif c.kind == "text":
+        values = ["2,1", "3"]
+    else:
+        values = [7, 8]
+    return [v for v in values if v not in (getattr(DecodeConfig, option), c.off, c.default)]
+
+
+def config_options():
+    from explorer.decoding.config import OPTIONS as ALL_OPTIONS
+
+    return ALL_OPTIONS
+
+
 OPTIONS = [(m, o) for m in METHODS for o in SETUP_OPTIONS[m]]
 
 
@@ -27,7 +46,6 @@ def test_every_option_of_a_decode_is_part_of_a_setup_or_named_as_not():
     placed = set(NOT_SETUP).union(*SETUP_OPTIONS.values())
     assert fields - placed == set(), "a DecodeConfig option no setup names: add it to SETUP_OPTIONS or NOT_SETUP"
     assert placed - fields == set()
-    assert set(OTHER) == set().union(*SETUP_OPTIONS.values())  # this test has a second value for each
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +54,11 @@ def lanes(random_models):
 
 
 def changed(trace, option):
-    config = {**trace.config, option: OTHER[option]}
+    """The trace with another value of ``option``: one that changes what the decoder reads (K and the block length
+    default to N)."""
+    now = trace.config.get(option)
+    now = trace.config["max_new_tokens"] if option in ("steps", "block_length") and now is None else now
+    config = {**trace.config, option: next(v for v in other_values(option) if v != now)}
     return dataclasses.replace(trace, config=config)
 
 
@@ -74,8 +96,8 @@ def test_a_setup_label_reads_as_words():
 
 
 def page_value(option):
-    """OTHER's value of an option as its page control holds it (K and the block length as fractions of N = 64)."""
-    return {"steps": 4, "block_length": 2, "max_new_tokens": 16}.get(option, OTHER.get(option, 7))
+    """Another value of an option as its page control holds it (K and the block length as fractions of N)."""
+    return other_values(option)[0]
 
 
 @pytest.fixture(scope="module")
@@ -95,9 +117,9 @@ def test_every_decode_option_is_a_control_on_the_page_that_reaches_the_decoder(p
 
     assert OPTIONS[option].control.label in page_labels, f"{option} has no control on the page"
     page = next(p for p, name, _ in lane_settings.PAGE if name == option)
-    base = lane_settings.Settings(max_new_tokens=64, sampler={"entropy_bound": "entropy", "revoke_below": "revoke"}
-                                  .get(option, "confidence"), drafter={"max_ngram": "prompt_lookup",
-                                  "early_exit_layers": "early_exit", "draft_passes": "diffusion"}.get(option, "model"))
+    bases = (lane_settings.Settings(max_new_tokens=64, sampler=s, drafter=d) for s, d in itertools.product(
+        config_options()["sampler"].control.choices, config_options()["drafter"].control.choices))
+    base = next(b for b in bases if any(applies(option, m, b.option_values()) for m in METHODS))  # where it acts
     moved = dataclasses.replace(base, **{page: page_value(option)})
     methods = [m for m in METHODS if applies(option, m, moved.options(m))] if OPTIONS[option].methods else METHODS
     assert methods, f"{option} acts in no method"

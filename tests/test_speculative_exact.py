@@ -174,19 +174,33 @@ def chi_square_p(counts, joint):
     return stats.chisquare(obs, exp).pvalue
 
 
+# a prompt whose last two tokens came earlier: the lookup drafters (prompt lookup) propose on it too
+LOOKUP_PROMPT = [1, 2, 3, 1, 2]
+
+
+def drafter_counts(models, drafter):
+    """Two-token counts of ``drafter`` on LOOKUP_PROMPT, after checking that it proposed on most decodes (else a
+    chi-square would test the target alone)."""
+    lengths = []
+    counts = sample_two_tokens(models, LOOKUP_PROMPT, lengths=lengths, drafter=drafter, early_exit_layers=1)
+    assert sum(bool(n) for n in lengths) > len(lengths) / 2, f"the {drafter} drafter proposed on too few decodes"
+    return counts
+
+
 @pytest.mark.parametrize("drafter", DRAFTERS)
 def test_speculative_sampling_matches_exact_target_distribution(small_vocab_models, drafter):
     if drafter not in available_drafters(small_vocab_models):
         pytest.skip(f"the 8-token bundle has no {drafter} drafter (its greedy equality runs above)")
-    prompt_ids = [1, 2, 3]
-    joint = exact_two_token_distribution(small_vocab_models, prompt_ids)
-    counts = sample_two_tokens(small_vocab_models, prompt_ids, drafter=drafter, early_exit_layers=1)
-    assert chi_square_p(counts, joint) > 1e-3
+    joint = exact_two_token_distribution(small_vocab_models, LOOKUP_PROMPT)
+    assert chi_square_p(drafter_counts(small_vocab_models, drafter), joint) > 1e-3
 
 
-def test_negative_control_a_drafter_that_reports_uniform_q_fails(small_vocab_models, monkeypatch):
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_negative_control_a_drafter_that_reports_uniform_q_fails(small_vocab_models, monkeypatch, drafter):
     """A drafter whose q is not the distribution its tokens came from breaks exactness; greedy equality cannot see
-    it, the chi-square must."""
+    it, the chi-square must, for every registered drafter."""
+    if drafter not in available_drafters(small_vocab_models):
+        pytest.skip(f"the 8-token bundle has no {drafter} drafter")
     real = speculative.make_drafter
 
     def lying(models, cfg):
@@ -201,10 +215,8 @@ def test_negative_control_a_drafter_that_reports_uniform_q_fails(small_vocab_mod
         return drafter
 
     monkeypatch.setattr(speculative, "make_drafter", lying)
-    prompt_ids = [1, 2, 3]
-    joint = exact_two_token_distribution(small_vocab_models, prompt_ids)
-    counts = sample_two_tokens(small_vocab_models, prompt_ids)
-    assert chi_square_p(counts, joint) < 1e-3
+    joint = exact_two_token_distribution(small_vocab_models, LOOKUP_PROMPT)
+    assert chi_square_p(drafter_counts(small_vocab_models, drafter), joint) < 1e-3
 
 
 def test_negative_control_without_residual_distribution_fails(small_vocab_models, monkeypatch):

@@ -71,11 +71,16 @@ class _SettingsMethods:
     def diffusion(self) -> tuple[int, int]:
         return diffusion_plan(self.max_new_tokens, self.tokens_per_step, self.blocks)  # type: ignore[attr-defined]
 
+    def option_values(self) -> dict[str, Any]:
+        """Every option's value as the controls set it, whether or not it acts in a method."""
+        values = {name: option_value(name, c, getattr(self, page)) for page, name, c in PAGE}
+        values["steps"], values["block_length"] = self.diffusion
+        return values
+
     def options(self, method: str, seed_offset: int = 0) -> dict[str, Any]:
         """explorer.decode keyword options for ``method``: every option that acts in it (config.applies), each
         control's 'off' as None, diffusion's K and block length from their fractions of N."""
-        values = {name: option_value(name, c, getattr(self, page)) for page, name, c in PAGE}
-        values["steps"], values["block_length"] = self.diffusion
+        values = self.option_values()
         options = {name: value for name, value in values.items() if applies(name, method, values)}
         options["seed"] = int(self.seed) + seed_offset  # type: ignore[attr-defined]
         return options
