@@ -42,7 +42,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import explorer  # noqa: E402
-from explorer.models import smollm2_gguf_path  # noqa: E402
+from explorer.families.smollm2 import smollm2_gguf_path  # noqa: E402
 
 PROMPTS = [
     "def add(a, b):\n    return a + b\n\ndef add(a, b):",  # repeats itself: prompt lookup has something to draft

@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import explorer  # noqa: E402
 from benchmarks.smollm2_card import heldout  # noqa: E402  (the same held-out prompts)
 from explorer.decoding.api import encode_prompt  # noqa: E402
+from explorer.families.smollm2 import smollm2_gguf_path  # noqa: E402
 from explorer.measure.bench_cli import cpu_name  # noqa: E402
-from explorer.models import smollm2_gguf_path  # noqa: E402
 from explorer.precision import EXACT, kernels  # noqa: E402
 
 BENCH_PY = Path(os.environ.get("EXPLORER_BENCH_VENV", Path.home() / ".cache/decoding-explorer/bench-venv")) / \

@@ -10,6 +10,7 @@ Public API (the contract: docs/design.md, section 3)::
 from explorer.decoding.api import decode, stream
 from explorer.decoding.events import Trace
 from explorer.errors import ExplorerError
-from explorer.models import PRESETS, Models, load_models
+from explorer.models import PRESETS, load_models
+from explorer.runtime import Models
 
 __all__ = ["decode", "stream", "load_models", "Trace", "Models", "PRESETS", "ExplorerError"]

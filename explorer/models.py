@@ -18,12 +18,6 @@ import torch
 
 import explorer.families  # noqa: F401  (every family registers its loader, drafters and samplers)
 from explorer.errors import ExplorerError
-
-# Names that moved to explorer/runtime.py and explorer/families, still importable from here (tests, benchmarks).
-from explorer.families.eagle import build_eagle_head  # noqa: F401
-from explorer.families.random_tiny import build_random_eagle, build_random_llama  # noqa: F401
-from explorer.families.smollm2 import SMOLLM2_DIR, SMOLLM2_HUB_ID, smollm2_gguf_path  # noqa: F401
-from explorer.families.tiny import TINY_DIR  # noqa: F401
 from explorer.precision import (
     AUTO,
     EXACT,
@@ -33,19 +27,13 @@ from explorer.precision import (
     resolve_precision,
 )
 from explorer.precision import choice as precision_choice
-from explorer.runtime import (  # noqa: F401
-    ASSETS,
+from explorer.runtime import (
     LOADERS,
     Models,
     Preset,
-    build_byte_tokenizer,
     check_same_vocabulary,
-    make_bidirectional,
-    output_vocab_size,
     register_loader,
     require_network,
-    synchronize,
-    timed_forward,
 )
 
 # The preset used when none is named: by the app, ``load_models()`` and the CLI alike.

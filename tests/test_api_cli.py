@@ -98,7 +98,8 @@ def test_unknown_preset_and_offline_hub_preset_fail_fast():
 
 
 def test_draft_with_another_vocabulary_is_refused(random_models):
-    from explorer.models import build_random_llama, check_same_vocabulary
+    from explorer.families.random_tiny import build_random_llama
+    from explorer.runtime import check_same_vocabulary
 
     other = build_random_llama(100, 16, 1, seed=0)
     with pytest.raises(explorer.ExplorerError, match="vocabulary"):
@@ -110,6 +111,8 @@ def load_hub_recording(monkeypatch, name, hub_ids):
     import transformers
 
     from explorer import models as models_mod
+    from explorer.families.random_tiny import build_random_llama
+    from explorer.runtime import build_byte_tokenizer
 
     calls = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # GPU presets refuse to load without CUDA
@@ -118,8 +121,8 @@ def load_hub_recording(monkeypatch, name, hub_ids):
         def from_pretrained(model_id, *args, **kwargs):
             calls.append((kind, model_id, kwargs.get("trust_remote_code")))
             if kind == "tokenizer":
-                return models_mod.build_byte_tokenizer()
-            return models_mod.build_random_llama(260, 8, 1, seed=0)
+                return build_byte_tokenizer()
+            return build_random_llama(260, 8, 1, seed=0)
         return from_pretrained
 
     monkeypatch.setattr(models_mod, "require_network", lambda model_id: None)

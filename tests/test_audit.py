@@ -9,8 +9,8 @@ from audit_bugs import INJECT
 from scipy import stats
 
 import explorer
+from explorer.families.tiny import TINY_DIR
 from explorer.measure import audit, audit_exact, audit_stats
-from explorer.models import TINY_DIR
 
 pytestmark = pytest.mark.skipif(not (TINY_DIR / "target" / "config.json").exists(),
                                 reason="assets/models/tiny not built")

@@ -93,7 +93,7 @@ def test_quality_scores_match_a_reference():
     assert token_entropy_bits([5, 5, 5, 5]) == 0.0
     assert token_entropy_bits([1, 2, 3, 4]) == pytest.approx(2.0)
     torch.manual_seed(0)
-    from explorer.models import build_random_llama
+    from explorer.families.random_tiny import build_random_llama
 
     judge = build_random_llama(50, 32, 1, seed=0).eval()
     context, output = [1, 2, 3, 4], [5, 6, 7]

@@ -11,7 +11,7 @@ import explorer
 from explorer.decoding.diffusion import reveal_schedule
 from explorer.decoding.events import RefinementStep
 from explorer.decoding.unmasking import Pass, Plan, by_confidence
-from explorer.models import Models
+from explorer.runtime import Models
 
 
 def steps_of(trace):
@@ -171,7 +171,7 @@ def tiny_bert_models() -> Models:
     """A seeded random 1-layer BERT (an AutoModelForMaskedLM with a mask token) as target and denoiser."""
     from transformers import BertConfig, BertForMaskedLM
 
-    from explorer.models import Preset, build_byte_tokenizer
+    from explorer.runtime import Preset, build_byte_tokenizer
 
     tok = build_byte_tokenizer()
     torch.manual_seed(0)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from explorer.models import build_random_llama
+from explorer.families.random_tiny import build_random_llama
 
 spec = importlib.util.spec_from_file_location(
     "diffusion_bound", Path(__file__).resolve().parent.parent / "benchmarks" / "diffusion_bound.py")

@@ -20,7 +20,8 @@ from explorer.decoding import drafters, speculative
 from explorer.decoding.config import DecodeConfig
 from explorer.decoding.diffusion import decode_diffusion
 from explorer.errors import ExplorerError
-from explorer.models import Models, Preset, build_byte_tokenizer, build_random_llama, make_bidirectional
+from explorer.families.random_tiny import build_random_llama
+from explorer.runtime import Models, Preset, build_byte_tokenizer, make_bidirectional
 from tests.test_speculative_exact import PROMPTS, chi_square_p, exact_two_token_distribution
 
 VOCAB, TEMPERATURE, TOP_K, SAMPLES = 8, 0.7, 4, 1500

@@ -19,7 +19,8 @@ from explorer.decoding.drafters import available_drafters, make_drafter
 from explorer.decoding.events import Proposal, Verification
 from explorer.errors import ExplorerError
 from explorer.families.eagle import FeatureDrafter, load_eagle_head, save_eagle_head
-from explorer.models import Models, Preset, build_random_eagle, build_random_llama
+from explorer.families.random_tiny import build_random_eagle, build_random_llama
+from explorer.runtime import Models, Preset
 from tests.test_speculative_exact import chi_square_p
 
 

@@ -17,7 +17,7 @@ import explorer
 from explorer.decoding import acceptance, speculative_tree, tree
 from explorer.decoding.config import DecodeConfig
 from explorer.decoding.events import Verification
-from explorer.models import build_random_llama
+from explorer.families.random_tiny import build_random_llama
 from explorer.precision import converted_copy, exact, kernels
 from explorer.precision.exact import FORMATS, make_row_invariant
 from tests.test_diffusion_drafter_cache import run

@@ -11,7 +11,7 @@ import torch
 import transformers
 
 import explorer
-from explorer.models import Models, Preset, build_byte_tokenizer
+from explorer.runtime import Models, Preset, build_byte_tokenizer
 
 
 @pytest.fixture(scope="module")

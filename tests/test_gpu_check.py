@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import explorer
-from explorer.models import smollm2_gguf_path
+from explorer.families.smollm2 import smollm2_gguf_path
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 2**20

@@ -143,3 +143,28 @@ def test_every_module_is_under_400_lines():
     long = {str(p.relative_to(ROOT)): n for p in PACKAGE.rglob("*.py")
             if (n := len(p.read_text().splitlines())) >= 400}
     assert not long, f"modules of 400 lines or more: {long}"
+
+
+def defined_names(path: Path) -> set[str]:
+    """The names a module defines itself: functions, classes and assigned globals (not what it imports)."""
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return names
+
+
+def test_each_name_has_one_import_path():
+    """A name is imported from the module that defines it: ``from explorer.models import X`` only for what
+    models.py itself defines (presets, loading), never for a name it imported from runtime or a family."""
+    own = defined_names(PACKAGE / "models.py")
+    wrong = []
+    for path in [*PACKAGE.rglob("*.py"), *(ROOT / "tests").glob("*.py"), *(ROOT / "benchmarks").glob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "explorer.models":
+                wrong += [f"{path.relative_to(ROOT)}: {a.name}" for a in node.names if a.name not in own]
+    assert not wrong, f"imported from explorer.models but defined elsewhere: {wrong}"

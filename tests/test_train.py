@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from explorer.models import make_bidirectional
+from explorer.runtime import make_bidirectional
 from explorer.training.tiny.pipeline import train_all
 from explorer.training.tiny.recipes import check_bidirectional
 

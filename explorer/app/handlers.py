@@ -31,8 +31,8 @@ from explorer.app.turns import DECODES
 from explorer.decoding.config import METHODS
 from explorer.decoding.events import TokenStep, Trace, Verification
 from explorer.measure.metrics import noise_flag
-from explorer.models import Models
 from explorer.precision import EXACT
+from explorer.runtime import Models
 
 HISTORY_LIMIT = 5000  # traces kept per session (the measure tab says so; export writes all of them)
 LONG_PROMPT_TOKENS = 512  # above this the Run warns that the prefill delays the first token

@@ -16,8 +16,9 @@ from explorer.decoding.api import make_config, model_dtype
 from explorer.decoding.config import METHODS, OPTIONS, Control, DecodeConfig, applies, validate_prompt
 from explorer.decoding.drafters import available_drafters
 from explorer.errors import ExplorerError
-from explorer.models import DEFAULT_PRESET, PRESETS, Models
+from explorer.models import DEFAULT_PRESET, PRESETS
 from explorer.precision import EXACT, parse_preset
+from explorer.runtime import Models
 
 # (the page's name, the option's, its Control) for every decode option, in DecodeConfig's order: the sidebar's
 # controls, the Settings fields and the /run inputs after prompt, preset and lanes (explorer/app/controls.py)

@@ -25,7 +25,7 @@ from explorer.app.lane_settings import Settings, preset_settings
 from explorer.decoding.config import METHODS
 from explorer.decoding.events import Event, Trace
 from explorer.errors import ExplorerError
-from explorer.models import Models
+from explorer.runtime import Models
 
 FRAME_INTERVAL_S = 1 / 20  # playback: at most 20 frames per second
 PROGRESS_INTERVAL_S = 0.25  # while a lane decodes alone: a progress frame 4 times a second

@@ -8,8 +8,7 @@ from typing import Any
 
 import torch
 
-from explorer.models import Models
-from explorer.runtime import synchronize
+from explorer.runtime import Models, synchronize
 
 PREFILL_LIMIT_S = 30.0  # a prompt whose prefill alone would take longer is refused, with the length that fits
 MEASURE_TOKENS = 256  # the pass timed once per loaded bundle

@@ -27,8 +27,8 @@ import torch
 from explorer.compact_weights import from_pretrained
 from explorer.engine.install import engine_home, install_vllm
 from explorer.errors import ExplorerError
+from explorer.families.smollm2 import smollm2_gguf_path
 from explorer.families.smollm2.trimmed_draft import load_trimmed_draft
-from explorer.models import smollm2_gguf_path
 
 ENGINE_PRESETS = ("tiny", "smollm2-135m")
 SPEC_MODES = ("off", "ngram", "draft")

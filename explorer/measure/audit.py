@@ -55,7 +55,7 @@ from explorer.measure.audit_stats import (
     total_variation,
     tv,
 )
-from explorer.models import Models
+from explorer.runtime import Models
 
 TV_FLOOR = 0.01  # a bug moving the compared outcomes by less than this is not required to be detectable
 MIN_SAMPLES = 50  # the automatic sample count never goes below this

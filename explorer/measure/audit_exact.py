@@ -12,7 +12,7 @@ import torch
 from explorer.decoding.api import encode_prompt
 from explorer.decoding.drafters import make_drafter
 from explorer.decoding.sampling import make_generator
-from explorer.models import Models
+from explorer.runtime import Models
 
 # ------------------------------------------------------------------------------ exact distributions
 

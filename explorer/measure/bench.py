@@ -46,7 +46,7 @@ from explorer.measure.metrics import (
     summarize,
 )
 from explorer.measure.workload import QUALITY_COLUMNS, PromptSet, ignoring_eos, score_quality
-from explorer.models import Models
+from explorer.runtime import Models
 
 SWEEPS = ("bench", "gamma", "temperature", "drafter", "drafter_gamma", "diffusion", "cache", "batch", "memory")
 METHOD_OPTIONS = {

@@ -27,7 +27,7 @@ from explorer.measure.report import (
 )
 from explorer.measure.sweeps import bench_note, bench_section, cache_section, diffusion_section, sweep_section
 from explorer.measure.workload import PromptSet, load_prompt_sets
-from explorer.models import Models
+from explorer.runtime import Models
 
 # ---------------------------------------------------------------------------------------------
 # the command line

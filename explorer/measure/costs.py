@@ -23,7 +23,7 @@ from explorer.measure.report import (
     memory_figure,
 )
 from explorer.measure.workload import PromptSet
-from explorer.models import Models, synchronize
+from explorer.runtime import Models, synchronize
 
 # ---------------------------------------------------------------------------------------------
 # batch size: cost ratios from timed forward passes on random ids with a KV cache

@@ -25,8 +25,8 @@ from explorer.measure.bench import BenchSettings, RunConfig, fit_alpha, preset_c
 from explorer.measure.costs import batch_costs, measured_kv_bytes
 from explorer.measure.metrics import PERCENTILES, percentile, percentile_ci, ratio_ci
 from explorer.measure.workload import PromptSet
-from explorer.models import Models
 from explorer.precision import EXACT
+from explorer.runtime import Models
 
 CODE = re.compile(r"```|\bdef |\bclass |\bfunction\b|\breturn\b|[{};]\s*$|\b(python|javascript|typescript|java|rust|"
                   r"c\+\+|sql|bash|code|script|regex)\b", re.IGNORECASE | re.MULTILINE)

@@ -35,7 +35,7 @@ from explorer.measure.decide import (
 )
 from explorer.measure.report import Section, write_report
 from explorer.measure.workload import PromptSet, load_prompt_set
-from explorer.models import Models
+from explorer.runtime import Models
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

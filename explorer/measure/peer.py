@@ -21,7 +21,7 @@ from explorer.measure.report import (
     peer_figure,
 )
 from explorer.measure.workload import PromptSet
-from explorer.models import Models, synchronize
+from explorer.runtime import Models, synchronize
 
 # ---------------------------------------------------------------------------------------------
 # peer comparison: transformers' generate on the same models and prompts

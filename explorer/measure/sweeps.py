@@ -38,7 +38,7 @@ from explorer.measure.report import (
     throughput_figure,
 )
 from explorer.measure.workload import QUALITY_COLUMNS, PromptSet
-from explorer.models import Models
+from explorer.runtime import Models
 
 # ---------------------------------------------------------------------------------------------
 # the plain bench and the sweeps (each returns a report section and its rows)

@@ -23,7 +23,7 @@ import torch
 from explorer.decoding.config import MAX_PROMPT_CHARS
 from explorer.decoding.events import Trace
 from explorer.errors import ExplorerError
-from explorer.models import ASSETS, Models
+from explorer.runtime import ASSETS, Models
 
 PROMPTS_DIR = ASSETS / "prompts"
 SHIPPED = {

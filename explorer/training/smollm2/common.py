@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from explorer.errors import ExplorerError
-from explorer.models import smollm2_gguf_path
+from explorer.families.smollm2 import smollm2_gguf_path
 from explorer.training.prompts import chat_prompts
 from explorer.training.smollm2.store import load_shard, shard_paths
 

@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from explorer.compact_weights import load_weights
 from explorer.errors import ExplorerError
-from explorer.models import make_bidirectional
+from explorer.runtime import make_bidirectional
 from explorer.training.smollm2.common import (
     RunClock,
     budget_seconds,

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from explorer.models import make_bidirectional
+from explorer.runtime import make_bidirectional
 
 # Sizes, batches and learning rates: FULL for the shipped models, MINI for a run of seconds (tests).
 FULL = {
