@@ -89,7 +89,8 @@ def thread_flags() -> list[str]:
     """Compile (and link) at::parallel_for's OpenMP pragmas in: ATen's OpenMP backend is a header, and a build
     without -fopenmp runs every "parallel" range on the calling thread alone. The extension then shares the
     libgomp torch loaded (same soname). Not on macOS (Apple's clang has no -fopenmp) or a non-OpenMP torch."""
-    if platform.system() == "Darwin" or "OpenMP" not in torch.__config__.parallel_info():
+    if platform.system() == "Darwin" or "OpenMP" not in torch.__config__.parallel_info() or os.environ.get(
+            "EXPLORER_KERNEL_OPENMP") == "0":
         return []
     return ["-fopenmp"]
 

@@ -13,6 +13,13 @@
 // gives the same bits, and each gives a row the same bits whatever the number of rows in the call. Integer dot
 // products are exact, so their grouping is free per path.
 #pragma once
+// Inlining is stated, not left to GCC (whose choices change with -fopenmp): int8 tiles of several rows go inline
+// into rows_a16, the one-row tile is a function of its own (rowinv_core.h); chosen by interleaved timings.
+#if defined(__GNUC__)
+#define ROWINV_INLINE __attribute__((always_inline)) inline
+#else
+#define ROWINV_INLINE inline
+#endif
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -356,7 +363,7 @@ inline __m512i dp16(__m512i acc, __m512i x, __m512i w) {
 }
 
 template <int mb, int nb>
-void tile_a16(const int16_t* xq, int64_t Kp, const float* xs, const int8_t* w, int64_t K, const float* ws, float* y,
+ROWINV_INLINE void tile_a16(const int16_t* xq, int64_t Kp, const float* xs, const int8_t* w, int64_t K, const float* ws, float* y,
               int64_t ldy) {
   __m512i acc[mb][nb];
   for (int i = 0; i < mb; ++i)
@@ -407,7 +414,7 @@ inline void step_a16(const int16_t* xq, int64_t Kp, const __m256i* wv, __m256i (
 }
 
 template <int mb, int nb>
-void tile_a16(const int16_t* xq, int64_t Kp, const float* xs, const int8_t* w, int64_t K, const float* ws, float* y,
+ROWINV_INLINE void tile_a16(const int16_t* xq, int64_t Kp, const float* xs, const int8_t* w, int64_t K, const float* ws, float* y,
               int64_t ldy) {
   __m256i acc[mb][nb];
   for (int i = 0; i < mb; ++i)
@@ -445,7 +452,7 @@ void tile_a16(const int16_t* xq, int64_t Kp, const float* xs, const int8_t* w, i
 #elif defined(ROWINV_PATH_NEON)
 // 16 weights widened to int16 (sxtl), multiply-accumulate long into int32 lanes (smlal / smlal2)
 template <int mb, int nb>
-void tile_a16(const int16_t* xq, int64_t Kp, const float* xs, const int8_t* w, int64_t K, const float* ws, float* y,
+ROWINV_INLINE void tile_a16(const int16_t* xq, int64_t Kp, const float* xs, const int8_t* w, int64_t K, const float* ws, float* y,
               int64_t ldy) {
   int32x4_t acc[mb][nb];
   for (int i = 0; i < mb; ++i)
@@ -481,7 +488,7 @@ void tile_a16(const int16_t* xq, int64_t Kp, const float* xs, const int8_t* w, i
 #else
 // one int64 sum per element, cast to int32 (the exact sum fits: a16_level)
 template <int mb, int nb>
-void tile_a16(const int16_t* xq, int64_t Kp, const float* xs, const int8_t* w, int64_t K, const float* ws, float* y,
+ROWINV_INLINE void tile_a16(const int16_t* xq, int64_t Kp, const float* xs, const int8_t* w, int64_t K, const float* ws, float* y,
               int64_t ldy) {
   for (int i = 0; i < mb; ++i)
     for (int j = 0; j < nb; ++j) {
