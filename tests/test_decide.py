@@ -105,7 +105,13 @@ def test_every_section_is_in_the_json_with_intervals(decided):
     assert all(t["p99_lo_ms"] <= t["p99_ms"] <= t["p99_hi_ms"] for t in result["tail"] if t["n"])
     assert result["batch"]["source"] == "predicted" and result["batch"]["rows"]  # the engine did not answer
     assert result["memory"] and result["memory"][0]["drafter_kv_bytes"] > 0  # tiny's drafter is a model
-    assert {r["config"] for r in result["diffusion"]} >= {"K=8", "threshold 0.9"}
+    # the frontier: K = N/d, and every registered sampler at its defaults
+    from explorer.decoding.unmasking import SAMPLERS
+
+    assert "K=8" in {r["config"] for r in result["diffusion"]} and "confidence, threshold 0.9" in {
+        r["config"] for r in result["diffusion"]}
+    assert {r["config"].split(",")[0] for r in result["diffusion"]} >= set(SAMPLERS)
+    assert all(0 < r["tokens_per_pass"] <= 8 and 0 <= r["distinct_3"] <= 1 for r in result["diffusion"])
     assert result["header"]["preset"] == "tiny" and "machine" in result["header"]
     # re-measured after a "swap" to the same target: greedy acceptance is deterministic, so nothing moved
     swap = {r["group"]: r for r in result["swap"]}
@@ -146,10 +152,10 @@ def test_the_checklist_tab_fills_in_the_tables_and_refuses_bad_input():
 
     from explorer.app.decide_tab import EXAMPLE, decide_tab
 
-    verdicts, groups, tail, memory, diffusion, files = decide_tab("tiny", EXAMPLE, None, "0", 8, False)
+    verdicts, groups, tail, memory, diffusion, frontier, files = decide_tab("tiny", EXAMPLE, None, "0", 8, False)
     assert "code at T = 0" in verdicts and "prose at T = 0" in verdicts and "batch (predicted)" in verdicts
     assert list(groups["Group"])[:2] == ["code at T = 0", "prose at T = 0"] and len(tail) and len(memory)
-    assert diffusion.empty and [f.rsplit(".", 1)[1] for f in files] == ["json", "html"]
+    assert diffusion.empty and [f.rsplit(".", 1)[1] for f in files] == ["json", "html"] and not frontier.data
     assert list(diffusion.columns)[0] == "Setting"  # named columns even when empty, never Gradio's "1 2 3"
     for text, temps, message in (("", "0", "paste prompts"), (EXAMPLE, "hot", "temperatures"),
                                  ("\n".join(["x"] * 30), "0", "at most 24")):
@@ -188,7 +194,8 @@ def test_a_checklist_part_that_fails_is_one_line_and_the_rest_shows(monkeypatch)
         raise RuntimeError("boom")
 
     monkeypatch.setattr(tab, "decide", broken)
-    verdicts, groups, tail, memory, diffusion, files = tab.decide_tab("tiny", tab.EXAMPLE, None, "0", 8, False)
+    verdicts, groups, tail, memory, diffusion, frontier, files = tab.decide_tab("tiny", tab.EXAMPLE, None, "0", 8,
+                                                                                False)
     assert "error: the checklist could not be measured (RuntimeError: boom)" in verdicts
     assert list(groups.columns) == tab.GROUP_COLUMNS and files is None
     errors, shown = tab.tables({"groups": [{"group": "x"}], "tail": [], "memory": [], "diffusion": []})
@@ -202,6 +209,10 @@ def test_the_checklist_at_an_exact_precision_with_diffusion_gives_verdicts_and_a
     error emptied every table. Now the batch part is one named line and the rest is measured."""
     from explorer.app.decide_tab import EXAMPLE, decide_tab
 
-    verdicts, groups, tail, memory, diffusion, files = decide_tab("tiny@int8", EXAMPLE, None, "0", 8, True)
+    verdicts, groups, tail, memory, diffusion, frontier, files = decide_tab("tiny@int8", EXAMPLE, None, "0", 8, True)
     assert "code at T = 0" in verdicts and "error: batch: the exact int8 kernels run batch 1 only" in verdicts
     assert len(groups) and len(tail) and len(memory) and len(diffusion) and files
+    # the frontier plot: a point per diffusion setting, at the table's tokens per pass
+    points = [(x, label) for trace in frontier.data for x, label in zip(trace.x, trace.text, strict=True)]
+    assert sorted(label for _, label in points) == sorted(diffusion["Setting"])
+    assert sorted(x for x, _ in points) == sorted(float(v) for v in diffusion["Tokens per pass"])

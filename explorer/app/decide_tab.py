@@ -9,9 +9,11 @@ from pathlib import Path
 
 import gradio as gr
 import pandas as pd
+import plotly.graph_objects as go
 
 from explorer.app.lane_settings import load_preset
 from explorer.app.page import read_text
+from explorer.app.plots import style_figure
 from explorer.errors import ExplorerError
 from explorer.measure.decide import DecideSettings, batch_sentence
 from explorer.measure.decide_cli import clean, decide, sections
@@ -33,9 +35,9 @@ GROUP_COLUMNS = ["Group", "Requests", "Acceptance", "Tokens per target pass", "S
 TAIL_COLUMNS = ["Group", "Method", "Metric", "n", "Mean (ms)", "p50 (ms)", "p95 (ms)", "p99 (ms) [95% interval]"]
 MEMORY_COLUMNS = ["Context", "Tokens", "Drafter", "Drafter weights", "Drafter KV cache", "Target weights",
                   "Target KV cache", "Drafter's share", "How it was measured"]
-DIFFUSION_COLUMNS = ["Setting", "N", "Passes per request", "Perplexity (median)", "Autoregressive perplexity",
-                     "Repeated words", "Autoregressive repeated words", "Quality holds", "Speedup vs autoregressive",
-                     "Beats autoregressive", "Requests"]
+DIFFUSION_COLUMNS = ["Setting", "N", "Tokens per pass", "Perplexity, median (autoregressive)",
+                     "Repeated words (autoregressive)", "Distinct 3-grams (autoregressive)", "Quality holds",
+                     "Speedup vs autoregressive", "Beats autoregressive", "Requests"]
 
 
 def sig(x, digits: int = 3) -> str:
@@ -92,11 +94,44 @@ def memory_table(rows: list[dict]) -> pd.DataFrame:
 
 
 def diffusion_table(rows: list[dict]) -> pd.DataFrame:
-    return pd.DataFrame([[r["config"], r["N"], sig(r["passes_per_request"]), sig(r["median_perplexity"]),
-                          sig(r["ar_median_perplexity"]), percent(r.get("repeat_rate")),
-                          percent(r.get("ar_repeat_rate")), "yes" if r["quality_holds"] else "no",
-                          interval(r["speedup_vs_ar"], r["speedup_lo"], r["speedup_hi"], "x"),
-                          "yes" if r["beats_ar"] else "no", r["requests"]] for r in rows], columns=DIFFUSION_COLUMNS)
+    def beside(key: str, show=sig) -> object:
+        return lambda r: f"{show(r.get(key))} ({show(r.get('ar_' + key))})"
+
+    cells = [lambda r: r["config"], lambda r: r["N"], lambda r: sig(r.get("tokens_per_pass")),
+             beside("median_perplexity"), beside("repeat_rate", percent), beside("distinct_3"),
+             lambda r: "yes" if r["quality_holds"] else "no",
+             lambda r: interval(r["speedup_vs_ar"], r["speedup_lo"], r["speedup_hi"], "x"),
+             lambda r: "yes" if r["beats_ar"] else "no", lambda r: r["requests"]]
+    return pd.DataFrame([[cell(r) for cell in cells] for r in rows], columns=DIFFUSION_COLUMNS)
+
+
+def frontier_figure(rows: list[dict]) -> go.Figure:
+    """Each diffusion setting measured: tokens per denoiser pass (faster to the right) against repeated words (worse
+    up), the target's own rate as a line; a filled marker where quality holds (decide.QUALITY_RULE)."""
+    fig = go.Figure()
+    if rows:
+        fig.add_hline(y=100 * rows[0]["ar_repeat_rate"], line_dash="dash", line_color="#555",
+                      annotation_text="autoregressive (the target)", annotation_position="top left")
+    for holds in (True, False):
+        part = [r for r in rows if r["quality_holds"] == holds]
+        if not part:
+            continue
+        fig.add_trace(go.Scatter(
+            x=[r.get("tokens_per_pass") for r in part], y=[100 * r["repeat_rate"] for r in part],
+            text=[r["config"] for r in part], mode="markers+text", textposition="top center",
+            name="quality holds" if holds else "quality does not hold",
+            marker={"size": 11, "symbol": "circle" if holds else "circle-open", "color": "#1a7f37" if holds
+                    else "#b42318", "line": {"width": 2}},
+            customdata=[[sig(r["median_perplexity"]), sig(r.get("distinct_3")), sig(r["speedup_vs_ar"])]
+                        for r in part],
+            hovertemplate="%{text}<br>%{x:.2f} tokens per pass, %{y:.1f}% repeated words<br>perplexity "
+                          "%{customdata[0]}, distinct 3-grams %{customdata[1]}, %{customdata[2]}x autoregressive"
+                          "<extra></extra>"))
+    caption = ("Each diffusion setting on your prompts: to the right commits more tokens per denoiser pass, higher "
+               "repeats words more; the dashed line is the target's own rate." if rows else
+               "Tick 'Also find where diffusion's quality holds' to measure the diffusion settings.")
+    return style_figure(fig, "Diffusion: tokens per pass against repeated words", caption,
+                        xaxis_title="answer tokens per denoiser pass", yaxis_title="adjacent repeated words (%)")
 
 
 def tables(result: dict) -> tuple[list[str], tuple]:
@@ -152,7 +187,7 @@ def decide_tab(preset: str, text: str, upload: str | None, temperatures: str, ma
         line = f"- error: the checklist could not be measured ({type(exc).__name__}: {exc})"
         empty = (pd.DataFrame(columns=GROUP_COLUMNS), pd.DataFrame(columns=TAIL_COLUMNS),
                  pd.DataFrame(columns=MEMORY_COLUMNS), pd.DataFrame(columns=DIFFUSION_COLUMNS))
-        return (line, *empty, None)
+        return (line, *empty, frontier_figure([]), None)
     problems, (groups, tail, caption, memory, diff) = tables(result)
     out = Path(tempfile.mkdtemp(prefix="decide-"))
     files = []
@@ -172,7 +207,7 @@ def decide_tab(preset: str, text: str, upload: str | None, temperatures: str, ma
         lines.append(f"- note on the tail: {caption}")
     if not lines:
         lines = ["- error: the checklist returned nothing to show"]
-    return ("\n".join(lines), groups, tail, memory, diff, files)
+    return ("\n".join(lines), groups, tail, memory, diff, frontier_figure(result.get("diffusion") or []), files)
 
 
 def build_decide_tab(preset: gr.components.Component) -> None:
@@ -189,7 +224,7 @@ def build_decide_tab(preset: gr.components.Component) -> None:
             temperatures = gr.Textbox("0", label="Temperatures (comma-separated)")
             max_new = gr.Slider(8, MAX_NEW_TOKENS, value=32, step=8, label="New tokens per request (N)")
             diffusion = gr.Checkbox(True, label="Also find where diffusion's quality holds")
-            go = gr.Button("Decide on these prompts", variant="primary", elem_id="decide-run")
+            decide_button = gr.Button("Decide on these prompts", variant="primary", elem_id="decide-run")
     verdicts = gr.Markdown(elem_id="decide-verdicts")
     groups = gr.Dataframe(label="1. Acceptance and speedup by group (95% bootstrap intervals)",
                           wrap=True, elem_id="decide-groups")
@@ -199,7 +234,9 @@ def build_decide_tab(preset: gr.components.Component) -> None:
                           wrap=True, elem_id="decide-memory")
     diff = gr.Dataframe(label="6. Diffusion: K (or threshold) where quality holds",
                         wrap=True, elem_id="decide-diff")
+    frontier = gr.Plot(frontier_figure([]), label="Diffusion: tokens per pass against repeated words",
+                       elem_id="decide-frontier")
     files = gr.Files(label="The decision as JSON and HTML")
-    go.click(decide_tab, [preset, text, upload, temperatures, max_new, diffusion],
-             [verdicts, groups, tail, memory, diff, files], api_name="decide", concurrency_id="decode",
+    decide_button.click(decide_tab, [preset, text, upload, temperatures, max_new, diffusion],
+             [verdicts, groups, tail, memory, diff, frontier, files], api_name="decide", concurrency_id="decode",
              concurrency_limit=1, show_progress_on=verdicts)

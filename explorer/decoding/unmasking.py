@@ -17,6 +17,7 @@ import torch
 DEFAULT_SAMPLER = "confidence"
 DEFAULT_ENTROPY_BOUND = 0.5  # nats; the entropy sampler's bound when none is given
 DEFAULT_REVOKE_BELOW = 0.3  # revoke: re-mask a committed token whose probability falls below this
+RULE_DEFAULTS = {"entropy_bound": DEFAULT_ENTROPY_BOUND, "revoke_below": DEFAULT_REVOKE_BELOW}  # what None means
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,8 @@ import numpy as np
 import pandas as pd
 
 from explorer.decoding.api import encode_prompt
+from explorer.decoding.config import applies
+from explorer.decoding.unmasking import RULE_DEFAULTS, SAMPLERS
 from explorer.errors import ExplorerError
 from explorer.measure.bench import BenchSettings, RunConfig, fit_alpha, preset_chain, run_requests
 from explorer.measure.costs import batch_costs, measured_kv_bytes
@@ -269,10 +271,35 @@ def swap_rows(before: list[dict[str, object]], after: list[dict[str, object]], l
     return rows
 
 
+QUALITY_RULE = ("median perplexity under the target within 2x of autoregressive's, and adjacent repeated words "
+                "at most autoregressive's plus one in a hundred words, on the same prompts")
+
+
+def quality_holds(perplexity: float, ar_perplexity: float, repeats: float, ar_repeats: float) -> bool:
+    """QUALITY_RULE: a diffusion setting's text against the target's own on the same prompts."""
+    return bool(perplexity <= 2 * ar_perplexity and repeats <= ar_repeats + 0.01)
+
+
+def sampler_configs(n: int, block: int, threshold: float) -> list[RunConfig]:
+    """One diffusion config per registered sampler (decoding/unmasking.RULES) at its own defaults, with the
+    confidence ``threshold`` where the sampler reads one (config.applies): the quality-speed frontier."""
+    configs = []
+    for name in SAMPLERS:
+        options = {"steps": n, "block_length": block, "sampler": name}
+        if applies("threshold", "diffusion", options):
+            options["threshold"] = threshold
+        values = {**RULE_DEFAULTS, **options}
+        shown = ", ".join(f"{k.replace('_', ' ')} {values[k]:g}" for k in ("threshold", *RULE_DEFAULTS)
+                          if k in values and applies(k, "diffusion", values))
+        configs.append(RunConfig("diffusion", f"{name}, {shown}" if shown else name, options, x=0))
+    return configs
+
+
 def diffusion_rows(models: Models, sets: list[PromptSet], s: DecideSettings, groups: dict[str, str]
                    ) -> list[dict[str, object]]:
-    """N = max_new_tokens; K = N/d for each divisor, and Fast-dLLM threshold decoding, on the first prompts of each
-    group: quality (perplexity under the target, token entropy) against AR's on the same prompts, and time."""
+    """N = max_new_tokens; K = N/d for each divisor, and every sampler at its defaults (Fast-dLLM's threshold for
+    those that read one), on the first prompts of each group: tokens per pass against quality (perplexity under
+    the target, distinct 3-grams, repeated words) beside AR's on the same prompts, and time."""
     if models.diffusion is None:
         return []
     n = s.max_new_tokens
@@ -288,22 +315,24 @@ def diffusion_rows(models: Models, sets: list[PromptSet], s: DecideSettings, gro
     for d in s.diffusion_divisors:
         if n % d == 0 and (n // d) % (n // block) == 0:
             configs.append(RunConfig("diffusion", f"K={n // d}", {"steps": n // d, "block_length": block}, x=n // d))
-    configs.append(RunConfig("diffusion", f"threshold {s.threshold:g}", {"steps": n, "block_length": block,
-                                                                        "threshold": s.threshold}, x=0))
+    configs += list(sampler_configs(n, block, s.threshold))
     b = replace(bench_settings(models, s, s.temperatures[0]), quality=True)
     frame = run_requests(models, subset, configs, b, desc="diffusion quality")
     frame["seconds_per_token"] = frame["latency_s"] / frame["new_tokens"].clip(lower=1)
     ar = frame[frame["method"] == AR]
     ar_ppl = float(np.median(ar["perplexity"]))
-    ar_repeats = float(np.nanmean(ar["repeat_rate"]))
+    ar_repeats, ar_distinct = float(np.nanmean(ar["repeat_rate"])), float(np.nanmean(ar["distinct_3"]))
     rows = []
     for label, g in frame[frame["method"] == "diffusion"].groupby("config", sort=False):
         ppl = float(np.median(g["perplexity"]))
         speed = ratio_ci(ar["seconds_per_token"], g["seconds_per_token"])
-        holds = bool(ppl <= 2 * ar_ppl)
+        repeats = float(np.nanmean(g["repeat_rate"]))
+        holds = quality_holds(ppl, ar_ppl, repeats, ar_repeats)
         rows.append({"config": label, "N": n, "passes_per_request": float(g["target_forward_passes"].mean()),
+                     "tokens_per_pass": float(g["new_tokens"].sum() / g["target_forward_passes"].clip(lower=1).sum()),
+                     "distinct_3": float(np.nanmean(g["distinct_3"])), "ar_distinct_3": ar_distinct,
                      "median_perplexity": ppl, "ar_median_perplexity": ar_ppl, "quality_holds": holds,
-                     "repeat_rate": float(np.nanmean(g["repeat_rate"])), "ar_repeat_rate": ar_repeats,
+                     "repeat_rate": repeats, "ar_repeat_rate": ar_repeats,
                      "speedup_vs_ar": speed[0], "speedup_lo": speed[1], "speedup_hi": speed[2],
                      "beats_ar": bool(holds and speed[1] > 1), "requests": int(len(g))})
     return rows

@@ -21,6 +21,7 @@ from explorer.flags import add_model_arguments
 from explorer.measure.bench import preset_chain
 from explorer.measure.bench_cli import cpu_name, load_average
 from explorer.measure.decide import (
+    QUALITY_RULE,
     DecideSettings,
     batch_sentence,
     categories,
@@ -153,8 +154,8 @@ def sections(result: dict) -> list[Section]:
         out.append(Section("5. After a swap", [], {"swap": pd.DataFrame(result["swap"])}))
     if result.get("diffusion"):
         out.append(Section("6. Diffusion: where quality holds", [], {"diffusion": pd.DataFrame(result["diffusion"])},
-                           ["quality holds: median perplexity under the target within 2x of AR's on the same "
-                            "prompts; beats AR: quality holds and the speedup's interval lies above 1"]))
+                           [f"quality holds: {QUALITY_RULE}; beats AR: quality holds and the speedup's interval "
+                            "lies above 1"]))
     return out
 
 
