@@ -53,5 +53,5 @@ if [ "$baseline" = 1 ]; then
     --budget 1800 --out .gpu/cpu_baseline.json --md .gpu/cpu_baseline.md || true
 fi
 
-gguf=$("$PY" -c "from explorer.models import smollm2_gguf_path; print(smollm2_gguf_path())")
+gguf=$("$PY" -c "from explorer.families.smollm2 import smollm2_gguf_path; print(smollm2_gguf_path())")
 exec "$PY" scripts/gpu_plan.py plan --gguf "$gguf" "${plan_args[@]}"
