@@ -25,11 +25,16 @@ while [ $# -gt 0 ]; do
 done
 OUT=${OUT:-$PWD/.gpu/out}
 mkdir -p "$OUT"
+# The installed wheels and the assembled GGUF live outside the working tree (the device tool may clear ignored
+# folders of the tree between calls; its /tmp stays while the machine is warm); .gpu/site and .gpu/target point there.
+STATE=${GPU_CHECK_STATE:-/tmp/explorer-gpu-state}
+mkdir -p "$STATE/site" "$STATE/target" .gpu
+for d in site target; do [ -L ".gpu/$d" ] || rm -rf ".gpu/$d"; ln -sfn "$STATE/$d" ".gpu/$d"; done
 export PYTHONPATH=$PWD/.gpu/site${PYTHONPATH:+:$PYTHONPATH}
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 
 if [ "$setup" = 1 ]; then
-  rm -rf .gpu/site
+  rm -rf "$STATE/site"/* "$STATE/target"/*
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .gpu/site \
     .gpu/wheels/*.whl
   { nvidia-smi -L || true; "$PY" - "$DEVICE" <<'PYEOF'
