@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import argparse
 import re
-import typing
 
-from explorer.decoding.config import OPTION_HELP, DecodeConfig
+from explorer.decoding.config import OPTION_HELP, DecodeConfig, option_type
 from explorer.models import DEFAULT_PRESET
 from explorer.precision import PRECISIONS
 
@@ -47,14 +46,12 @@ def add_option_arguments(p: argparse.ArgumentParser, names: list[str], defaults:
     Each flag's default is None (the decoder's own default applies, and the help says which), or with
     ``defaults`` the dataclass default (where the caller needs a value, as the bench does). ``hidden``
     flags are accepted but left out of --help (a command that takes them and does not use them)."""
-    hints = typing.get_type_hints(DecodeConfig)
     for name in names:
         default = getattr(DecodeConfig, name) if defaults else None
-        kind = hints[name]
-        if kind is bool:
+        base = option_type(name)
+        if base is bool:
             p.add_argument(option_flag(name), action="store_true", default=None,
                            help=argparse.SUPPRESS if hidden else option_help(name))
             continue
-        base = next(t for t in (int, float, str) if kind is t or t in typing.get_args(kind))
         p.add_argument(option_flag(name), type=None if base is str else base, default=default,
                        help=argparse.SUPPRESS if hidden else option_help(name, default))

@@ -12,13 +12,21 @@ import pytest
 
 import explorer
 from explorer.app import plots, runs
-from explorer.decoding.config import METHODS, NOT_SETUP, SETUP_OPTIONS, DecodeConfig, setup_label
+from explorer.decoding.config import (
+    METHODS,
+    NOT_SETUP,
+    OPTIONS,
+    SETUP_OPTIONS,
+    DecodeConfig,
+    applies,
+    setup_label,
+)
 from explorer.measure import metrics
 
 
 def other_values(option):
     """Values of an option other than its default, read from its page control (a new option has them at once)."""
-    c = config_options()[option].control
+    c = OPTIONS[option].control
     if c.kind == "slider":
         values = [c.hi, c.lo, (c.lo + c.hi) / 2]
     elif c.kind == "choice":
@@ -32,13 +40,7 @@ def other_values(option):
     return [v for v in values if v not in (getattr(DecodeConfig, option), c.off, c.default)]
 
 
-def config_options():
-    from explorer.decoding.config import OPTIONS as ALL_OPTIONS
-
-    return ALL_OPTIONS
-
-
-OPTIONS = [(m, o) for m in METHODS for o in SETUP_OPTIONS[m]]
+SETUP_PAIRS = [(m, o) for m in METHODS for o in SETUP_OPTIONS[m]]
 
 
 def test_every_option_of_a_decode_is_part_of_a_setup_or_named_as_not():
@@ -62,7 +64,7 @@ def changed(trace, option):
     return dataclasses.replace(trace, config=config)
 
 
-@pytest.mark.parametrize("method,option", OPTIONS)
+@pytest.mark.parametrize("method,option", SETUP_PAIRS)
 def test_two_decodes_differing_in_one_option_are_never_pooled(lanes, method, option):
     a = lanes[method]
     b = changed(a, option)
@@ -113,12 +115,11 @@ def test_every_decode_option_is_a_control_on_the_page_that_reaches_the_decoder(p
     page, reaches explorer.decode's options in a method it is part of, where it acts: a new option is on the page
     by being a field. The CLI's flags are checked in test_api_cli, the setup key above."""
     from explorer.app import lane_settings
-    from explorer.decoding.config import OPTIONS, applies
 
     assert OPTIONS[option].control.label in page_labels, f"{option} has no control on the page"
     page = next(p for p, name, _ in lane_settings.PAGE if name == option)
     bases = (lane_settings.Settings(max_new_tokens=64, sampler=s, drafter=d) for s, d in itertools.product(
-        config_options()["sampler"].control.choices, config_options()["drafter"].control.choices))
+        OPTIONS["sampler"].control.choices, OPTIONS["drafter"].control.choices))
     base = next(b for b in bases if any(applies(option, m, b.option_values()) for m in METHODS))  # where it acts
     moved = dataclasses.replace(base, **{page: page_value(option)})
     methods = [m for m in METHODS if applies(option, m, moved.options(m))] if OPTIONS[option].methods else METHODS

@@ -231,7 +231,7 @@ def build_decide_tab(preset: gr.components.Component) -> None:
                         wrap=True, elem_id="decide-tail")
     memory = gr.Dataframe(label="4. The drafter's memory at your lengths (measured)",
                           wrap=True, elem_id="decide-memory")
-    diff = gr.Dataframe(label="6. Diffusion: K (or threshold) where quality holds",
+    diff = gr.Dataframe(label="6. Diffusion: the K or sampler where quality holds",
                         wrap=True, elem_id="decide-diff")
     frontier = gr.Plot(frontier_figure([]), label="Diffusion: tokens per pass against repeated words",
                        elem_id="decide-frontier")

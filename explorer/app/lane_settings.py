@@ -4,7 +4,6 @@ loading a preset for the app (cached, warmed up, described)."""
 from __future__ import annotations
 
 import contextlib
-import typing
 from dataclasses import field, make_dataclass
 from typing import Any
 
@@ -13,7 +12,15 @@ import gradio as gr
 import explorer
 from explorer.app import plots
 from explorer.decoding.api import make_config, model_dtype
-from explorer.decoding.config import METHODS, OPTIONS, Control, DecodeConfig, applies, validate_prompt
+from explorer.decoding.config import (
+    METHODS,
+    OPTIONS,
+    Control,
+    DecodeConfig,
+    applies,
+    option_type,
+    validate_prompt,
+)
 from explorer.decoding.drafters import available_drafters
 from explorer.errors import ExplorerError
 from explorer.models import DEFAULT_PRESET, PRESETS
@@ -25,7 +32,6 @@ from explorer.runtime import Models
 PAGE = [(o.control.page_name or name, name, o.control) for name, o in OPTIONS.items()]
 TOKENS_PER_STEP = tuple(v for _, v in OPTIONS["steps"].control.choices)  # diffusion: N/K, so K follows N
 BLOCKS = tuple(v for _, v in OPTIONS["block_length"].control.choices)  # N / block length: it follows N
-_TYPES = typing.get_type_hints(DecodeConfig)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -54,9 +60,7 @@ def option_value(name: str, control: Control, value: Any) -> Any:
     """A control's value as the option's: 'off' is None, the rest of the option's type (a slider gives 0 for 0.0)."""
     if value is None or (control.off is not None and value == control.off):
         return None
-    kind = _TYPES[name]
-    base = next(t for t in (bool, int, float, str) if kind is t or t in typing.get_args(kind))
-    return base(value.strip() if isinstance(value, str) else value)
+    return option_type(name)(value.strip() if isinstance(value, str) else value)
 
 
 class _SettingsMethods:

@@ -4,6 +4,7 @@ validated in one place (``validate``)."""
 from __future__ import annotations
 
 import math
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -203,6 +204,12 @@ NOT_SETUP = tuple(n for n, o in OPTIONS.items() if not o.methods)  # the seed: i
 SETUP_NAMES = {"max_new_tokens": "N", "temperature": "T", "gamma": "γ", "draft_confidence": "cut", "steps": "K",
                "block_length": "block", "top_k": "top-k", "top_p": "top-p"}
 ALWAYS_SHOWN = ("max_new_tokens", "temperature", "drafter", "gamma", "sampler", "steps", "block_length")
+
+
+def option_type(name: str) -> type:
+    """The plain type of option ``name`` (bool, int, float or str), read from its annotation (``int | None``: int)."""
+    kind = typing.get_type_hints(DecodeConfig)[name]
+    return next(t for t in (bool, int, float, str) if kind is t or t in typing.get_args(kind))
 
 
 def applies(name: str, method: str, values: Mapping[str, Any]) -> bool:

@@ -315,7 +315,7 @@ def diffusion_rows(models: Models, sets: list[PromptSet], s: DecideSettings, gro
     for d in s.diffusion_divisors:
         if n % d == 0 and (n // d) % (n // block) == 0:
             configs.append(RunConfig("diffusion", f"K={n // d}", {"steps": n // d, "block_length": block}, x=n // d))
-    configs += list(sampler_configs(n, block, s.threshold))
+    configs += sampler_configs(n, block, s.threshold)
     b = replace(bench_settings(models, s, s.temperatures[0]), quality=True)
     frame = run_requests(models, subset, configs, b, desc="diffusion quality")
     frame["seconds_per_token"] = frame["latency_s"] / frame["new_tokens"].clip(lower=1)
