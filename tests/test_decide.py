@@ -117,6 +117,9 @@ def test_every_section_is_in_the_json_with_intervals(decided):
     swap = {r["group"]: r for r in result["swap"]}
     assert set(swap) == set(groups) and all(r["acceptance_change"] == 0 for r in swap.values())
     assert "the decision" in page and "Verdicts" in page
+    # the HTML report carries the frontier plot too: a trace per diffusion setting
+    assert "Diffusion: tokens per pass against repeated words" in page
+    assert all(json.dumps(r["config"])[1:-1] in page for r in result["diffusion"])
 
 
 def test_an_unreachable_engine_and_an_empty_group_are_one_line_each(decided):

@@ -18,7 +18,8 @@ from explorer.errors import ExplorerError
 from explorer.measure.decide import DecideSettings, batch_sentence
 from explorer.measure.decide_cli import clean, decide, sections
 from explorer.measure.progress import LISTENER
-from explorer.measure.report import PALETTE, write_report
+from explorer.measure.report import frontier_figure as report_frontier_figure
+from explorer.measure.report import write_report
 from explorer.measure.workload import PromptSet, parse_prompts, read_prompt_text
 
 MAX_PROMPTS, MAX_NEW_TOKENS = 24, 64  # a request of the page's: bounded so that one visitor cannot hold the server
@@ -106,28 +107,11 @@ def diffusion_table(rows: list[dict]) -> pd.DataFrame:
 
 
 def frontier_figure(rows: list[dict]) -> go.Figure:
-    """Each diffusion setting measured: tokens per denoiser pass (faster to the right) against repeated words (worse
-    up), the target's own rate as a line; a filled marker where quality holds (decide.QUALITY_RULE), an open one
-    where it does not."""
-    fig = go.Figure()
-    if rows:
-        fig.add_hline(y=100 * rows[0]["ar_repeat_rate"], line_dash="dash", line_color="#555",
-                      annotation_text="autoregressive (the target)", annotation_position="top left")
-    for i, r in enumerate(rows):  # a trace (a legend entry, a colour) per setting: labels on the plot overlap
-        holds = r["quality_holds"]
-        fig.add_trace(go.Scatter(
-            x=[r.get("tokens_per_pass")], y=[100 * r["repeat_rate"]], mode="markers",
-            name=f"{r['config']}{'' if holds else ' (quality does not hold)'}",
-            marker={"size": 12, "symbol": "circle" if holds else "circle-open", "color": PALETTE[i % len(PALETTE)],
-                    "line": {"width": 2}},
-            customdata=[[sig(r["median_perplexity"]), sig(r.get("distinct_3")), sig(r["speedup_vs_ar"])]],
-            hovertemplate=f"{r['config']}<br>%{{x:.2f}} tokens per pass, %{{y:.1f}}% repeated words<br>perplexity "
-                          "%{customdata[0]}, distinct 3-grams %{customdata[1]}, %{customdata[2]}x autoregressive"
-                          "<extra></extra>"))
+    """The report's frontier plot (measure.report.frontier_figure), styled for the page."""
     caption = ("Each diffusion setting on your prompts: to the right commits more tokens per denoiser pass, higher "
                "repeats words more; the dashed line is the target's own rate." if rows else
                "Tick 'Also find where diffusion's quality holds' to measure the diffusion settings.")
-    fig = style_figure(fig, "Diffusion: tokens per pass against repeated words", caption,
+    fig = style_figure(report_frontier_figure(rows), "Diffusion: tokens per pass against repeated words", caption,
                        xaxis_title="answer tokens per denoiser pass", yaxis_title="adjacent repeated words (%)")
     return fig.update_layout(legend={"orientation": "v", "x": 1.02, "y": 1, "yanchor": "top"},
                              margin={"r": 260})

@@ -34,7 +34,7 @@ from explorer.measure.decide import (
     swap_rows,
     tail_rows,
 )
-from explorer.measure.report import Section, write_report
+from explorer.measure.report import Section, frontier_figure, write_report
 from explorer.measure.workload import PromptSet, load_prompt_set
 from explorer.runtime import Models
 
@@ -153,7 +153,8 @@ def sections(result: dict) -> list[Section]:
     if result.get("swap"):
         out.append(Section("5. After a swap", [], {"swap": pd.DataFrame(result["swap"])}))
     if result.get("diffusion"):
-        out.append(Section("6. Diffusion: where quality holds", [], {"diffusion": pd.DataFrame(result["diffusion"])},
+        out.append(Section("6. Diffusion: where quality holds", [frontier_figure(result["diffusion"])],
+                           {"diffusion": pd.DataFrame(result["diffusion"])},
                            [f"quality holds: {QUALITY_RULE}; beats AR: quality holds and the speedup's interval "
                             "lies above 1"]))
     return out

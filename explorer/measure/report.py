@@ -195,6 +195,36 @@ def peer_figure(frame: pd.DataFrame) -> go.Figure:
 
 
 # ---------------------------------------------------------------------------------------------
+# the checklist (explorer decide)
+
+def frontier_figure(rows: list[dict]) -> go.Figure:
+    """Each diffusion setting measured (decide.diffusion_rows): tokens per denoiser pass (faster to the right)
+    against repeated words (worse up), the target's own rate as a dashed line; a filled marker where quality holds
+    (decide.QUALITY_RULE), an open one where it does not. A trace per setting: labels on the points overlap."""
+    def num(x: object) -> str:
+        return "–" if x is None or isinstance(x, float) and not math.isfinite(x) else f"{float(x):.3g}"
+
+    fig = go.Figure()
+    if rows:
+        fig.add_hline(y=100 * rows[0]["ar_repeat_rate"], line_dash="dash", line_color="#555",
+                      annotation_text="autoregressive (the target)", annotation_position="top left")
+    for i, r in enumerate(rows):
+        holds = r["quality_holds"]
+        fig.add_trace(go.Scatter(
+            x=[r.get("tokens_per_pass")], y=[100 * r["repeat_rate"]], mode="markers",
+            name=f"{r['config']}{'' if holds else ' (quality does not hold)'}",
+            marker={"size": 12, "symbol": "circle" if holds else "circle-open", "color": _color(i),
+                    "line": {"width": 2}},
+            customdata=[[num(r["median_perplexity"]), num(r.get("distinct_3")), num(r["speedup_vs_ar"])]],
+            hovertemplate=f"{r['config']}<br>%{{x:.2f}} tokens per pass, %{{y:.1f}}% repeated words<br>perplexity "
+                          "%{customdata[0]}, distinct 3-grams %{customdata[1]}, %{customdata[2]}x autoregressive"
+                          "<extra></extra>"))
+    fig.update_xaxes(title="answer tokens per denoiser pass")
+    fig.update_yaxes(title="adjacent repeated words (%)")
+    return _layout(fig, "Diffusion: tokens per pass against repeated words", 460)
+
+
+# ---------------------------------------------------------------------------------------------
 # the page
 
 def write_report(path: str | Path, header: dict[str, str], sections: list[Section],
