@@ -111,8 +111,8 @@ def frontier_figure(rows: list[dict]) -> go.Figure:
     caption = ("Each diffusion setting on your prompts: to the right commits more tokens per denoiser pass, higher "
                "repeats words more; the dashed line is the target's own rate." if rows else
                "Tick 'Also find where diffusion's quality holds' to measure the diffusion settings.")
-    fig = style_figure(report_frontier_figure(rows), "Diffusion: tokens per pass against repeated words", caption,
-                       xaxis_title="answer tokens per denoiser pass", yaxis_title="adjacent repeated words (%)")
+    fig = report_frontier_figure(rows)  # its axis titles stay; the page's title, caption and legend replace the rest
+    fig = style_figure(fig, fig.layout.title.text, caption)
     return fig.update_layout(legend={"orientation": "v", "x": 1.02, "y": 1, "yanchor": "top"},
                              margin={"r": 260})
 
