@@ -113,6 +113,12 @@ template <int nb>
 ROWINV_INLINE void rows_a16(const int16_t* xq, int64_t M, int64_t Kp, const float* xs, const int8_t* w, int64_t K,
                             const float* ws, float* y, int64_t N) {
   int64_t m = 0;
+  if constexpr (A16_TILE3 && MB == 2) {
+    if (M >= 3 && M % 2 == 1) {
+      tile_a16<3, nb>(xq, Kp, xs, w, K, ws, y, N);
+      m = 3;
+    }
+  }
   for (; m + MB <= M; m += MB) tile_a16<MB, nb>(xq + m * Kp, Kp, xs + m, w, K, ws, y + m * N, N);
   switch (M - m) {
     case 3: tile_a16<3, nb>(xq + m * Kp, Kp, xs + m, w, K, ws, y + m * N, N); break;

@@ -70,6 +70,12 @@ constexpr int MB = 4;
 #else
 constexpr int MB = 2;
 #endif
+// the int8 kernel's odd row counts (3, 5, 7) start with a tile of 3 rows rather than paying a one-row tile at the end
+#if defined(ROWINV_PATH_AVX2)
+constexpr bool A16_TILE3 = true;
+#else
+constexpr bool A16_TILE3 = false;
+#endif
 
 // Constants of exp16 (shared by every path): x = n ln2 + r, |r| <= ln2 / 2, ln2 split in two (an exact first product),
 // a degree-6 Taylor polynomial in r (relative error < 2e-7), times 2^n built exactly. Inputs below -87 give 0.
@@ -404,12 +410,21 @@ inline int32_t hsum_epi32(__m256i a) {
   return _mm_cvtsi128_si32(s);
 }
 
-// 16 weights widened to int16 (vpmovsxbw), 16 activations, vpmaddwd: 8 int32 pair sums added to the accumulator
+// 16 weights widened to int16 (vpmovsxbw), 16 activations, vpmaddwd: 8 int32 pair sums added to the accumulator.
+// wk points at the first weight row's 16 values, ldw apart. Three or more rows take the weight rows two at a time
+// (12 accumulators, 2 weights and an activation fit the 16 ymm registers; all four weights would spill them).
 template <int mb, int nb>
-inline void step_a16(const int16_t* xq, int64_t Kp, const __m256i* wv, __m256i (&acc)[mb][nb]) {
-  for (int i = 0; i < mb; ++i) {
-    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * Kp));
-    for (int j = 0; j < nb; ++j) acc[i][j] = _mm256_add_epi32(acc[i][j], _mm256_madd_epi16(xv, wv[j]));
+inline void step_a16(const int16_t* xq, int64_t Kp, const int8_t* wk, int64_t ldw, __m256i (&acc)[mb][nb]) {
+  constexpr int js = mb >= 3 && nb > 2 ? 2 : nb;
+  for (int j0 = 0; j0 < nb; j0 += js) {
+    __m256i wv[js];
+    for (int j = 0; j < js && j0 + j < nb; ++j)
+      wv[j] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wk + (j0 + j) * ldw)));
+    for (int i = 0; i < mb; ++i) {
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * Kp));
+      for (int j = 0; j < js && j0 + j < nb; ++j)
+        acc[i][j0 + j] = _mm256_add_epi32(acc[i][j0 + j], _mm256_madd_epi16(xv, wv[j]));
+    }
   }
 }
 
@@ -420,20 +435,12 @@ ROWINV_INLINE void tile_a16(const int16_t* xq, int64_t Kp, const float* xs, cons
   for (int i = 0; i < mb; ++i)
     for (int j = 0; j < nb; ++j) acc[i][j] = _mm256_setzero_si256();
   int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
-    __m256i wv[nb];
-    for (int j = 0; j < nb; ++j)
-      wv[j] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + j * K + k)));
-    step_a16<mb, nb>(xq + k, Kp, wv, acc);
-  }
+  for (; k + 16 <= K; k += 16) step_a16<mb, nb>(xq + k, Kp, w + k, K, acc);
   if (k < K) {  // a tail: the real weights, zeros after (the activations are zero-padded to Kp already)
-    __m256i wv[nb];
-    for (int j = 0; j < nb; ++j) {
-      alignas(16) int8_t b[16] = {};
-      for (int64_t l = 0; l < K - k; ++l) b[l] = w[j * K + k + l];
-      wv[j] = _mm256_cvtepi8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(b)));
-    }
-    step_a16<mb, nb>(xq + k, Kp, wv, acc);
+    alignas(16) int8_t b[nb][16] = {};
+    for (int j = 0; j < nb; ++j)
+      for (int64_t l = 0; l < K - k; ++l) b[j][l] = w[j * K + k + l];
+    step_a16<mb, nb>(xq + k, Kp, &b[0][0], 16, acc);
   }
   for (int i = 0; i < mb; ++i) {
     int32_t sums[nb];
