@@ -12,6 +12,8 @@ import math
 import sys
 from dataclasses import fields
 
+import torch
+
 import explorer
 from explorer.app.hosting import deploy_space
 from explorer.decoding.config import METHODS, DecodeConfig, validate, validate_prompt
@@ -20,7 +22,7 @@ from explorer.errors import ExplorerError
 from explorer.flags import add_model_arguments, add_option_arguments, option_help
 from explorer.measure import bench_cli, decide_cli
 from explorer.models import DEFAULT_PRESET
-from explorer.precision import kernels
+from explorer.precision import choice, kernels
 
 DECODE_OPTIONS = [f.name for f in fields(DecodeConfig)]  # one flag each: --max-new-tokens ...
 AUDIT_OPTIONS = ["temperature", "top_k", "top_p", "seed", "gamma", "drafter", "max_ngram", "early_exit_layers", "tree",
@@ -119,7 +121,8 @@ def models_line(models) -> str:
         precision = f"{models.precision} (asked for; {kernels.describe()})"
     else:
         precision = f"{str(models.dtype).replace('torch.', '')} (torch's kernels)"
-    spec = f"; {models.speculative_choice.line()}" if models.speculative_choice is not None else ""
+    measured = choice.speculative_defaults(models, torch.get_num_threads())  # at the count the decode runs at
+    spec = f"; {measured.line()}" if measured is not None else ""
     return f"preset {models.preset.name} on {models.device}; target precision {precision}{spec}"
 
 

@@ -75,6 +75,7 @@ class Models:
     precision: str | None = None  # explorer/precision: "int8", "float32-exact", ...; None: the dtype's torch path
     precision_choice: Any = None  # explorer/precision/choice.PrecisionChoice where the precision was measured
     speculative_choice: Any = None  # choice.SpeculativeChoice where the preset's γ and cut were measured here
+    speculative_by_threads: dict[int, Any] = field(default_factory=dict)  # the same at other thread counts
 
     @property
     def mask_token_id(self) -> int | None:

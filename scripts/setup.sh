@@ -21,6 +21,7 @@ fi
 .venv/bin/python -c "from explorer.families.smollm2.load import convert_default_gguf as c; print('setup:', c())" \
   || echo "setup: the GGUF was not converted ahead; the app will read it at its first start" >&2
 # The default preset's first load on this machine measures which precision runs fastest here and the speculative
-# defaults (explorer/precision/choice.py; cached per machine and kernel build): done here, so the app starts in seconds.
-.venv/bin/python -c "import explorer; m = explorer.load_models(); print('setup: precision', m.precision_choice.line() if m.precision_choice else m.precision)" 2>/dev/null \
+# defaults (explorer/precision/choice.py; cached per machine and kernel build), these at one thread (the app's lanes)
+# and at the machine's cores (the CLI's decodes): done here, so the app and the CLI start in seconds.
+.venv/bin/python -c "import explorer, torch; from explorer.precision.choice import speculative_defaults as s; m = explorer.load_models(); s(m, torch.get_num_threads()); print('setup: precision', m.precision_choice.line() if m.precision_choice else m.precision)" 2>/dev/null \
   || echo "setup: the default preset's precision was not measured ahead; its first load will measure it" >&2

@@ -167,11 +167,13 @@ def test_the_speculative_default_is_the_fastest_setting_measured_keeping_the_pre
             return seconds["ar"] if method == "autoregressive" else seconds[(cfg.gamma, cfg.draft_confidence)]
         monkeypatch.setattr(choice, "time_decode", timed)
 
-    table({"ar": 1.0, (6, 0.15): 0.8, (2, None): 0.6, (3, None): 0.7})
+    table({"ar": 1.0, (6, 0.15): 0.8, (1, None): 0.9, (2, None): 0.6, (3, None): 0.7})
     got = choice.measure_speculative(models, 6, 0.15)
     assert (got.gamma, got.draft_confidence) == (2, None) and "chain of 2" in got.line()
     assert got.speedups["chain of 2"] == pytest.approx(1 / 0.6)
-    table({"ar": 1.0, (6, 0.15): 0.61, (2, None): 0.6, (3, None): 0.7})  # the preset's within 3%: kept
+    table({"ar": 1.0, (6, 0.15): 0.8, (1, None): 0.5, (2, None): 0.6, (3, None): 0.7})
+    assert (choice.measure_speculative(models, 6, 0.15).gamma, got.own) == (1, (6, 0.15))  # a chain of 1 too
+    table({"ar": 1.0, (6, 0.15): 0.61, (1, None): 0.9, (2, None): 0.6, (3, None): 0.7})  # the preset's within 3%
     got = choice.measure_speculative(models, 6, 0.15)
     assert (got.gamma, got.draft_confidence) == (6, 0.15) and got.line().startswith("speculative default γ ≤ 6")
 
@@ -180,7 +182,32 @@ def test_the_speculative_measurement_decodes_for_real(monkeypatch):
     models = explorer.load_models("random-tiny", device="cpu")
     monkeypatch.setattr(choice, "SPEC_TOKENS", 6)
     got = choice.measure_speculative(models, 3, None)
-    assert set(got.speedups) == {"chain of 3", "chain of 2"} and all(v > 0 for v in got.speedups.values())
+    assert set(got.speedups) == {"chain of 3", "chain of 1", "chain of 2"} and all(v > 0 for v in got.speedups.values())
+
+
+def test_a_decode_at_another_thread_count_runs_the_defaults_measured_at_that_count(monkeypatch, tmp_path):
+    """The load measures γ and the cut at one thread; a decode at two gets a choice measured at two (once: then the
+    cached one), the trace says which, and a decode at one thread keeps the load's."""
+    monkeypatch.setenv("EXPLORER_PRECISION_CACHE", str(tmp_path / "choice.json"))
+    models = explorer.load_models("random-tiny", device="cpu")
+    models.speculative_choice = choice.SpeculativeChoice(3, None, {"chain of 3": 1.2}, 2, 32, 1, (3, None))
+    measured = []
+
+    def at_threads(models, gamma, cut):
+        measured.append((gamma, cut, torch.get_num_threads()))
+        return choice.SpeculativeChoice(1, None, {"chain of 1": 1.3, "chain of 3": 1.1}, 2, 32,
+                                        torch.get_num_threads(), (gamma, cut))
+
+    monkeypatch.setattr(choice, "measure_speculative", at_threads)
+    torch.set_num_threads(2)
+    trace = explorer.decode("speculative", models, "Hello", max_new_tokens=3)
+    again = explorer.decode("speculative", models, "Hi", max_new_tokens=3)
+    assert trace.stats["gamma"] == again.stats["gamma"] == 1 and measured == [(3, None, 2)]
+    assert "measured here at 2 threads" in trace.stats["speculative_default"]
+    torch.set_num_threads(1)
+    assert explorer.decode("speculative", models, "Hello", max_new_tokens=3).stats["gamma"] == 3
+    assert explorer.decode("speculative", models, "Hello", max_new_tokens=3, gamma=2).stats["gamma"] == 2
+    assert len(measured) == 1
 
 
 # ------------------------------------------------------------------------------------------ threads

@@ -197,7 +197,7 @@ def check_inputs(models: Models, prompt: str, lanes: list[str], settings: Settin
             raise ExplorerError("choose at least one lane")
         validate_prompt(prompt)
         for method in methods:
-            make_config(method, models, settings.options(method))
+            make_config(method, models, settings.options(method), threads=1)  # a check: never measures
     except ExplorerError as exc:
         raise gr.Error(str(exc), print_exception=False) from None
     return methods

@@ -15,24 +15,32 @@ from explorer.decoding.events import DecodeResult, Event, Trace
 from explorer.decoding.prompting import encode_prompt  # noqa: F401  (its home is prompting.py)
 from explorer.decoding.speculative import decode_speculative
 from explorer.errors import ExplorerError
+from explorer.precision.choice import speculative_defaults
 from explorer.runtime import Models
 
 DECODERS = {"autoregressive": decode_autoregressive, "speculative": decode_speculative,
             "diffusion": decode_diffusion}
 
 
-def make_config(method: str, models: Models, options: dict[str, Any]) -> DecodeConfig:
+def make_config(method: str, models: Models, options: dict[str, Any], threads: int | None = None) -> DecodeConfig:
+    """The DecodeConfig of ``options``, validated, with the preset's defaults filled in; a speculative decode's γ and
+    draft cut are those measured on this machine at ``threads`` torch threads (None: the current count), the first
+    such decode measuring them (precision.choice.speculative_defaults)."""
     known = set(DecodeConfig.__dataclass_fields__)
     unknown = sorted(set(options) - known)
     if unknown:
         raise ExplorerError(f"unknown option(s): {', '.join(unknown)}")
     options = {k: v for k, v in options.items()
                if v is not None or k in ("top_k", "top_p", "threshold", "draft_confidence")}
+    gamma, cut = models.preset.gamma, models.preset.draft_confidence
+    if method == "speculative" and not {"gamma", "draft_confidence"} <= set(options):
+        measured = speculative_defaults(models, torch.get_num_threads() if threads is None else threads)
+        gamma, cut = (measured.gamma, measured.draft_confidence) if measured is not None else (gamma, cut)
     if method == "speculative" and not {"gamma", "draft_confidence"} & set(options) and not options.get(
             "tree") and options.get("drafter", models.preset.drafter) == models.preset.drafter:
-        options["draft_confidence"] = models.preset.draft_confidence  # the preset's chain: its γ is the longest
+        options["draft_confidence"] = cut  # the preset's chain: its γ is the longest
     if method == "speculative" and "gamma" not in options:
-        options["gamma"] = models.preset.gamma
+        options["gamma"] = gamma
     if method == "speculative" and "drafter" not in options:
         options["drafter"] = models.preset.drafter
     cfg = DecodeConfig(**options)
@@ -132,6 +140,8 @@ def build_trace(method: str, models: Models, prompt: str, prompt_ids: list[int],
         "tokens_per_s": len(tokens) / wall if wall > 0 else None,
     }
     if method == "speculative":
+        measured = speculative_defaults(models, torch.get_num_threads())  # read back: measured by make_config
+        stats["speculative_default"] = measured.line() if measured is not None else None
         stats["drafter"] = cfg.drafter
         stats["gamma"] = cfg.gamma
         stats["per_position_acceptance"] = [a / n for a, n in result.per_position]

@@ -4,13 +4,16 @@
   for torch's float32 and for each exact precision, after a short prefix; the fastest exact one wins, or float32
   where no exact one is faster (a copy of the target converted per exact precision: a few seconds);
 - **the speculative defaults** (γ and the draft cut of the preset's drafter): greedy speculative against greedy
-  autoregressive decoding, interleaved, on two held-out chat prompts, for the preset's own setting and plain chains
-  of 2 and 3; the fastest is kept (the preset's own while it is within 3% of the fastest), so the default never
+  autoregressive decoding, interleaved, on four held-out chat prompts, for the preset's own setting and plain chains
+  of 1, 2 and 3; the fastest is kept (the preset's own while it is within 3% of the fastest), so the default never
   makes the speculative lane slower than autoregressive where any setting is faster (a few seconds more).
 
-Both are measured at one torch thread (the app's lanes decode at one thread each; so do the benchmarks by default)
-and kept per machine and kernel build in ``~/.cache/decoding-explorer/precision-choice.json``
-(``EXPLORER_PRECISION_CACHE`` overrides the file), so later loads read them."""
+The precision is measured at one torch thread (the app's lanes decode at one thread each). The speculative defaults
+are measured at the thread count of the decode that reads them: at one thread when the preset loads, and again the
+first time a decode runs at another count (``explorer decode`` and the benchmarks use torch's count, the machine's
+cores), since a second thread makes the target's pass cheaper and shifts which γ wins. Every choice is kept per
+machine and kernel build in ``~/.cache/decoding-explorer/precision-choice.json`` (``EXPLORER_PRECISION_CACHE``
+overrides the file), so later loads read them."""
 
 from __future__ import annotations
 
@@ -63,12 +66,15 @@ def cache_key(preset: str, rows: int) -> str:
     return f"{preset}|{kernels.build_dir().name}|{rows} rows"
 
 
-class one_thread:  # noqa: N801 - used as a context manager
-    """Measure at one torch thread, then give the caller's count back."""
+class torch_threads:  # noqa: N801 - used as a context manager
+    """Measure at ``n`` torch threads, then give the caller's count back."""
+
+    def __init__(self, n: int = 1):
+        self.n = n
 
     def __enter__(self):
         self.before = torch.get_num_threads()
-        torch.set_num_threads(1)
+        torch.set_num_threads(self.n)
 
     def __exit__(self, *exc):
         torch.set_num_threads(self.before)
@@ -147,7 +153,7 @@ def choose(preset: str, target: torch.nn.Module, rows: int, candidates: tuple[st
             return PrecisionChoice(**cached)
         except TypeError:
             pass  # an older record: measure again
-    with one_thread():
+    with torch_threads(1):
         choice = measure(target, rows, candidates)
     _write(key, choice)
     return choice
@@ -155,7 +161,7 @@ def choose(preset: str, target: torch.nn.Module, rows: int, candidates: tuple[st
 
 # ---- the speculative defaults
 
-SPEC_PROMPTS = 2  # held-out chat prompts decoded per candidate
+SPEC_PROMPTS = 4  # held-out chat prompts decoded per candidate (2 chose a chain 16% slower than the best on others)
 SPEC_TOKENS = 32  # new tokens per decode
 KEEP_OWN = 0.97  # the preset's own setting stays while it reaches this share of the fastest
 
@@ -167,6 +173,8 @@ class SpeculativeChoice:
     speedups: dict[str, float]  # label -> speculative / autoregressive speed, same prompts, interleaved
     prompts: int
     tokens: int
+    threads: int  # torch threads it was measured at
+    own: tuple[int, float | None]  # the preset's own γ and cut: what another thread count measures against
 
     @staticmethod
     def label(gamma: int, cut: float | None) -> str:
@@ -175,13 +183,14 @@ class SpeculativeChoice:
     def line(self) -> str:
         chosen = self.label(self.gamma, self.draft_confidence)
         others = ", ".join(f"{k} {v:.2f}x" for k, v in self.speedups.items() if k != chosen)
-        return (f"speculative default {chosen}: {self.speedups[chosen]:.2f}x autoregressive, measured here on "
-                f"{self.prompts} held-out prompts ({self.tokens} tokens, greedy; {others})")
+        return (f"speculative default {chosen}: {self.speedups[chosen]:.2f}x autoregressive, measured here at "
+                f"{self.threads} thread{'s' * (self.threads > 1)} on {self.prompts} held-out prompts ({self.tokens} "
+                f"tokens, greedy; {others})")
 
 
 def spec_candidates(gamma: int, cut: float | None) -> list[tuple[int, float | None]]:
     out = [(gamma, cut)]
-    for g in (2, 3):
+    for g in (1, 2, 3):
         if (g, None) not in out and g <= max(gamma, 3):
             out.append((g, None))
     return out
@@ -230,22 +239,36 @@ def measure_speculative(models, gamma: int, cut: float | None) -> SpeculativeCho
     own = speedups[SpeculativeChoice.label(gamma, cut)]
     if own >= KEEP_OWN * speedups[SpeculativeChoice.label(*best)]:
         best = (gamma, cut)
-    return SpeculativeChoice(best[0], best[1], speedups, len(prompts), SPEC_TOKENS)
+    return SpeculativeChoice(best[0], best[1], speedups, len(prompts), SPEC_TOKENS, torch.get_num_threads(),
+                             (gamma, cut))
 
 
-def choose_speculative(models, gamma: int, cut: float | None) -> SpeculativeChoice:
-    """The cached speculative defaults for this machine, kernel build and precision, or a new measurement at one
-    thread (then cached)."""
-    key = f"{cache_key(models.preset.name, gamma + 1)}|{models.precision}|speculative {gamma} {cut}"
+def choose_speculative(models, gamma: int, cut: float | None, threads: int = 1) -> SpeculativeChoice:
+    """The cached speculative defaults for this machine, kernel build, precision and thread count, or a new
+    measurement at ``threads`` (then cached)."""
+    key = f"{cache_key(models.preset.name, gamma + 1)}|{models.precision}|speculative {gamma} {cut}|{threads} threads"
     cached = _read().get(key)
     if cached:
         try:
-            return SpeculativeChoice(**cached)
+            got = SpeculativeChoice(**{**cached, "own": tuple(cached.get("own", ()))})
+            if got.threads == threads and got.own == (gamma, cut):
+                return got
         except TypeError:
-            pass
-    with one_thread():
+            pass  # an older record: measure again
+    with torch_threads(threads):
         choice = measure_speculative(models, gamma, cut)
     data = _read()
     data[key] = asdict(choice)
     _write_all(data)
     return choice
+
+
+def speculative_defaults(models, threads: int) -> SpeculativeChoice | None:
+    """The speculative defaults a decode at ``threads`` torch threads runs with: the load's own (one thread) or one
+    measured at that count (once per machine, then cached), None where the preset's were not measured here."""
+    base = models.speculative_choice
+    if base is None or base.threads == threads:
+        return base
+    if threads not in models.speculative_by_threads:
+        models.speculative_by_threads[threads] = choose_speculative(models, *base.own, threads=threads)
+    return models.speculative_by_threads[threads]
