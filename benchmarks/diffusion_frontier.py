@@ -45,7 +45,9 @@ def parse_settings(text: str) -> list[tuple[str, dict]]:
         options = {"sampler": sampler}
         for pair in filter(None, rest.split(",")):
             key, _, value = pair.partition("=")
-            options[key.strip()] = int(float(value)) if key.strip() in ("gamma", "draft_passes") else float(value)
+            key = key.strip()
+            options[key] = (int(float(value)) if key in ("gamma", "draft_passes") else value.strip() in ("1", "true")
+                            if key == "no_adjacent_repeat" else float(value))
         out.append((item, options))
     return out
 

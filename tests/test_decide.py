@@ -219,3 +219,16 @@ def test_the_checklist_at_an_exact_precision_with_diffusion_gives_verdicts_and_a
     points = [(x, trace.name.removesuffix(" (quality does not hold)")) for trace in frontier.data for x in trace.x]
     assert sorted(label for _, label in points) == sorted(diffusion["Setting"])
     assert sorted(x for x, _ in points) == sorted(float(v) for v in diffusion["Tokens per pass"])
+
+
+def test_the_diffusion_rows_include_the_lane_as_the_preset_starts_it():
+    from types import SimpleNamespace
+
+    from explorer.measure.decide import lane_default_config
+    from explorer.models import PRESETS
+
+    (row,) = lane_default_config(SimpleNamespace(preset=PRESETS["smollm2-135m"]), 64, 8)
+    assert row.label == "the lane's default: confidence, threshold 0.6, no word twice in a row"
+    assert row.options == {"steps": 64, "block_length": 8, "sampler": "confidence", "threshold": 0.6,
+                           "no_adjacent_repeat": True}
+    assert lane_default_config(SimpleNamespace(preset=PRESETS["tiny"]), 64, 8) == []  # its lane is a sampler row

@@ -3,7 +3,7 @@
 import re
 
 from explorer.app import narration, playback, render
-from explorer.decoding.events import DraftCheck, Proposal, Verification
+from explorer.decoding.events import DraftCheck, Proposal, RefinementStep, Verification
 
 PIECES = {1: "a", 2: " b", 7: "z"}
 B = '<code><span class="ws">·</span>b</code>'
@@ -93,3 +93,21 @@ def test_a_draft_cut_by_confidence_says_why_it_is_shorter_than_gamma():
     assert "stopped" not in said([render.LaneView("speculative", [full], "p", piece, 8, options=cut)])
     plain = {**cut, "draft_confidence": None}
     assert "stopped" not in said([render.LaneView("speculative", [short], "p", piece, 8, options=plain)])
+
+
+def test_a_repeat_avoided_and_a_neighbour_held_back_are_said():
+    """no_adjacent_repeat: a revealed position whose likeliest word was its neighbour's, and a position held back
+    because its neighbour got the same word in the same pass."""
+    step = RefinementStep(1.0, 0, 0, (4, 6), (1, 7), (0.9, 0.8), 5, 0.01, why="2 above the confidence 0.7",
+                          held=(5,), held_tokens=(7,), avoided=(4,), avoided_tokens=(2,))
+    view = render.LaneView("diffusion", [step], "p", piece, 8, total_steps=8, options={"no_adjacent_repeat": True})
+    text = said([view], "diffusion")
+    assert ("<code>a</code> at position 5 rather than " + B + ", the word beside it (never the same word twice in a "
+            "row).") in text
+    assert "<code>z</code> at position 6 held back: the same word as the neighbour revealed with it." in text
+
+
+def test_the_diffusion_header_says_when_no_word_may_come_twice_in_a_row():
+    config = {"max_new_tokens": 64, "steps": 64, "block_length": 8, "threshold": 0.6, "no_adjacent_repeat": True}
+    assert "sampler confidence (threshold 0.6, no word twice in a row)" in render.lane_detail("diffusion", config)
+    assert "twice" not in render.lane_detail("diffusion", {**config, "no_adjacent_repeat": False})

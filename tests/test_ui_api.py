@@ -273,6 +273,8 @@ def test_the_drafter_gamma_and_diffusion_controls_follow_the_preset():
     assert got["threshold"]["value"] == (preset.diffusion_threshold or 0.0)  # the slider's "off"
     assert got["draft_confidence"]["value"] == (preset.draft_confidence or 0.0)
     assert got["sampler"]["value"] == preset.diffusion_sampler
+    assert got["no_adjacent_repeat"]["value"] is preset.diffusion_no_adjacent_repeat is False
+    assert start.no_adjacent_repeat is smollm2.diffusion_no_adjacent_repeat is True
     info, drafter, *_ = lane_settings.describe_preset("tiny", progress=None)
     assert "assistant" not in drafter["choices"]
 

@@ -8,7 +8,20 @@ import torch
 import explorer
 from explorer.decoding.config import DecodeConfig, validate
 from explorer.decoding.events import RefinementStep
-from explorer.decoding.unmasking import SAMPLERS, Pass, by_confidence, by_entropy, dilated, entropy_bounded, revoke
+from explorer.decoding.diffusion import neighbours
+from explorer.decoding.unmasking import (
+    SAMPLERS,
+    Pass,
+    Plan,
+    apart_repeats,
+    ban_repeats,
+    by_confidence,
+    by_entropy,
+    dilated,
+    entropy_bounded,
+    plan_pass,
+    revoke,
+)
 from explorer.errors import ExplorerError
 
 
@@ -101,7 +114,55 @@ def test_revoke_masks_again_on_a_real_decode(random_models):
     assert len(steps) <= 2 * 16 and steps[-1].masks_left == 0
 
 
+def test_a_filled_neighbours_token_is_taken_out_and_the_rest_left():
+    """Hand-worked: 3 block positions over a 5-token vocabulary; position 0 sits beside 2 (left) and a mask (right),
+    position 1 between 3 and 1, position 2 beside nothing filled."""
+    logits = torch.log(torch.tensor([[0.1, 0.2, 0.4, 0.2, 0.1]] * 3, dtype=torch.float64))
+    left, right = torch.tensor([2, 3, -1]), torch.tensor([-1, 1, -1])
+    probs = torch.softmax(ban_repeats(logits, left, right), -1)
+    assert probs[0].tolist() == pytest.approx([0.1 / 0.6, 0.2 / 0.6, 0.0, 0.2 / 0.6, 0.1 / 0.6])
+    assert probs[1].tolist() == pytest.approx([0.1 / 0.6, 0.0, 0.4 / 0.6, 0.0, 0.1 / 0.6])
+    assert probs[2].tolist() == pytest.approx([0.1, 0.2, 0.4, 0.2, 0.1])
+    # the canvas's neighbours: the answer's own, -1 for a mask, the prompt or past the end (mask id 9, prompt of 2)
+    x = torch.tensor([[7, 7, 5, 9, 6, 6, 9, 4]])  # answer: 5 [M] 6 6 [M] 4
+    left, right = neighbours(x, 2 + 2, 3, 2, 9)  # the block of answer positions 2..4
+    assert left.tolist() == [-1, 6, 6] and right.tolist() == [6, -1, 4]
+    assert neighbours(x, 2, 2, 2, 9)[0].tolist() == [-1, 5]  # the prompt's last token is not a neighbour
+
+
+def test_two_neighbours_with_the_same_token_are_not_revealed_in_one_pass():
+    """Hand-worked: the rule chose 0..3 with tokens 5 5 7 5; 1 is the most confident, so 0 (a 5 beside it) waits;
+    3 (a 5 beside 7) and 2 stay."""
+    tokens, confidence = torch.tensor([5, 5, 7, 5]), torch.tensor([0.9, 0.95, 0.8, 0.85], dtype=torch.float64)
+    plan = apart_repeats(Plan((0, 1, 2, 3), why="4 above"), tokens, confidence)
+    assert plan.reveal == (1, 2, 3) and plan.held == (0,) and plan.why == "4 above; 1 held back beside the same word"
+    # a revoke plan keeps at most as many re-masked as revealed
+    plan = apart_repeats(Plan((0, 1), (3, 2)), torch.tensor([5, 5, 1, 1]), confidence)
+    assert plan.reveal == (1,) and plan.remask == (3,) and plan.held == (0,)
+    assert apart_repeats(Plan((0, 2)), tokens, confidence).held == ()  # not neighbours
+    # through plan_pass: only with a penalty
+    p = make_pass([SURE, SURE, UNSURE], [True, True, True])
+    assert plan_pass(p, DecodeConfig(threshold=0.5)).reveal == (0, 1)
+    assert plan_pass(p, DecodeConfig(threshold=0.5, no_adjacent_repeat=True)).reveal == (0,)
+
+
+def test_no_adjacent_repeat_in_a_decode_leaves_no_equal_neighbours_and_ends_filled(random_models):
+    trace = explorer.decode("diffusion", random_models, "def f(x):", max_new_tokens=16, block_length=8, seed=3,
+                            threshold=0.02, no_adjacent_repeat=True)
+    steps = [e for e in trace.events if isinstance(e, RefinementStep)]
+    canvas = [None] * 16
+    for e in steps:
+        together = dict(zip(e.positions, e.tokens, strict=True))
+        assert not any(together.get(p + 1) == t for p, t in together.items())
+        for pos, tok in together.items():
+            canvas[pos] = tok
+    assert None not in canvas and steps[-1].masks_left == 0
+    assert all(a != b for a, b in zip(canvas, canvas[1:], strict=False))  # nor one predicted beside a filled one
+    assert trace.config["no_adjacent_repeat"] is True
+
+
 @pytest.mark.parametrize("options,message", [
+    ({"no_adjacent_repeat": 1}, "no_adjacent_repeat"),
     ({"sampler": "greedy"}, "unknown sampler"), ({"sampler": "entropy", "entropy_bound": 0}, "entropy_bound"),
     ({"sampler": "entropy", "entropy_bound": float("nan")}, "entropy_bound"),
     ({"sampler": "revoke", "revoke_below": 1.0}, "revoke_below"),

@@ -102,7 +102,8 @@ SETTING_NAMES = [page for page, _, _ in PAGE]
 # chain's draft stops, and the diffusion steps, blocks, threshold and sampler its diffusion model was measured with.
 PRESET_CONTROLS = {"drafter": "drafter", "gamma": "gamma", "draft_confidence": "draft_confidence",
                    "tokens_per_step": "diffusion_tokens_per_step", "blocks": "diffusion_blocks",
-                   "threshold": "diffusion_threshold", "sampler": "diffusion_sampler"}
+                   "threshold": "diffusion_threshold", "sampler": "diffusion_sampler",
+                   "no_adjacent_repeat": "diffusion_no_adjacent_repeat"}
 
 
 def _preset_values(preset: Any) -> dict[str, Any]:

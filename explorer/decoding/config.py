@@ -171,6 +171,12 @@ class DecodeConfig:
         f"(0, 1) (default: {DEFAULT_REVOKE_BELOW:g})",
         Control("slider", f"re-mask below this probability (0 = default {DEFAULT_REVOKE_BELOW:g})", 0, 0.95, 0.05,
                 off=0.0, info="sampler revoke", elem_id="revoke-below"), _sampler_is("revoke"))
+    no_adjacent_repeat: bool = option(
+        False, DIFF, "diffusion, every sampler: never reveal a token equal to a filled neighbour's, nor two "
+        "neighbours with the same token in one pass",
+        Control("check", "never the same word twice in a row", elem_id="no-adjacent-repeat",
+                info="stops \"plants plants\": a position never gets the word beside it, and two neighbours never "
+                     "the same word in one pass"))
     cache: str | None = option(
         None, SPEC + DIFF, "diffusion KV cache (the diffusion lane's and the diffusion drafter's): "
         f"{', '.join(CACHES)} (default: {DEFAULT_CACHE!r} where the model takes one)",
@@ -202,7 +208,7 @@ SETUP_OPTIONS = {m: tuple(n for n, o in OPTIONS.items() if m in o.methods and n 
 NOT_SETUP = tuple(n for n, o in OPTIONS.items() if not o.methods)  # the seed: it picks a sample, not a setup
 # how a setup label names an option (the rest by their own name)
 SETUP_NAMES = {"max_new_tokens": "N", "temperature": "T", "gamma": "γ", "draft_confidence": "cut", "steps": "K",
-               "block_length": "block", "top_k": "top-k", "top_p": "top-p"}
+               "block_length": "block", "top_k": "top-k", "top_p": "top-p", "no_adjacent_repeat": "no repeats"}
 ALWAYS_SHOWN = ("max_new_tokens", "temperature", "drafter", "gamma", "sampler", "steps", "block_length")
 
 
@@ -364,6 +370,7 @@ def _validate_diffusion(cfg: DecodeConfig) -> None:
     _require(rb is None or (_is_number(rb) and 0 < rb < 1), f"revoke_below must be in (0, 1) (got {rb!r})")
     _require(rb is None or cfg.sampler == "revoke",
              f"revoke_below is the revoke sampler's (sampler is {cfg.sampler!r})")
+    _require(isinstance(cfg.no_adjacent_repeat, bool), "no_adjacent_repeat must be true or false")
 
 
 def validate_prompt(prompt: Any) -> str:

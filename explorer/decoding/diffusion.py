@@ -7,7 +7,9 @@ masked) or random ones ("random"). Sampling at temperature T is Gumbel-max on lo
 float64 (categorical noise in low precision biases the sample). With ``threshold``
 (Fast-dLLM, Wu et al. 2025, Sec. 3.2) a step reveals every masked position of the block whose
 confidence exceeds the threshold, at least one. Models that predict the next position (Dream,
-AR-adapted denoisers) have their logits shifted right by one.
+AR-adapted denoisers) have their logits shifted right by one. Which positions a pass commits is the
+``sampler``'s rule (unmasking.py); ``no_adjacent_repeat`` takes out, before any rule ranks, the token a
+filled neighbour holds, and keeps two neighbours from getting the same token in one pass.
 
 KV cache (Fast-dLLM, Sec. 3.1), option ``cache``: ``none`` runs every pass over prompt + all N
 positions. ``prefix`` runs one full pass at the start of each block, keeps the keys and values of
@@ -31,7 +33,7 @@ from explorer.decoding.config import DEFAULT_CACHE, DecodeConfig
 from explorer.decoding.events import DecodeResult, Event, RefinementStep
 from explorer.decoding.registry import diffusion_sampler
 from explorer.decoding.sampling import fast_argmax, make_generator, sanitize_logits, warp_logits
-from explorer.decoding.unmasking import Pass, plan_pass
+from explorer.decoding.unmasking import Pass, ban_repeats, plan_pass
 from explorer.errors import ExplorerError
 from explorer.runtime import Models, timed_forward
 
@@ -62,6 +64,15 @@ def predict_tokens(logits: torch.Tensor, cfg: DecodeConfig, gen: torch.Generator
     else:
         confidence = probs.gather(-1, tokens[:, None])[:, 0]
     return tokens, confidence, probs
+
+
+def neighbours(x: torch.Tensor, lo: int, block_len: int, p_len: int, mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tokens left and right of each block position on the canvas x (1, P + N); -1 where that neighbour is
+    masked or outside the answer (the prompt, past the end)."""
+    answer = torch.cat([x.new_full((1,), -1), x[0, p_len:], x.new_full((1,), -1)])  # answer position i at i + 1
+    answer = torch.where(answer == mask_id, torch.full_like(answer, -1), answer)
+    i = lo - p_len + 1  # the block's first position in ``answer``
+    return answer[i - 1:i - 1 + block_len], answer[i + 1:i + 1 + block_len]
 
 
 def _takes(model: nn.Module, argument: str) -> bool:
@@ -175,6 +186,11 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig, r
                     dt, fed = dt + dt2, fed + fed2
             else:
                 logits, dt, fed = denoise(model, x, start, end, rows, cache)
+            likeliest = None
+            if cfg.no_adjacent_repeat:  # never a filled neighbour's token (unmasking.py)
+                left, right = neighbours(x, lo, block_len, p_len, mask_id)
+                likeliest = (logits.argmax(-1), left, right)
+                logits = ban_repeats(logits, left, right)
             tokens, confidence, probs = predict_tokens(logits, cfg, gen, banned)
             before = x[0, lo:lo + block_len].clone()
             still = before == mask_id
@@ -192,6 +208,9 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig, r
             now = time.perf_counter()
             for i in reveal:
                 revealed_t[block * block_len + i] = now - t0
+            avoided = [] if likeliest is None else [  # the likeliest token, before the ban, a neighbour's
+                (i, int(likeliest[0][i])) for i in reveal if int(likeliest[0][i]) != int(tokens[i])
+                and int(likeliest[0][i]) in (int(likeliest[1][i]), int(likeliest[2][i]))]
             passes, forward_s, s, step, fed_total = passes + 1, forward_s + dt, s + 1, step + 1, fed_total + fed
             yield RefinementStep(t=now, step=step - 1, block=block,
                                  positions=tuple(block * block_len + i for i in reveal),
@@ -200,7 +219,11 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig, r
                                  masks_left=int((x[0, p_len:] == mask_id).sum()), forward_s=dt, fed_tokens=fed,
                                  remasked=tuple(block * block_len + i for i in remask),
                                  remasked_tokens=tuple(int(before[i]) for i in remask),
-                                 remask_confidences=tuple(float(probs[i, before[i]]) for i in remask), why=plan.why)
+                                 remask_confidences=tuple(float(probs[i, before[i]]) for i in remask), why=plan.why,
+                                 held=tuple(block * block_len + i for i in plan.held),
+                                 held_tokens=tuple(int(tokens[i]) for i in plan.held),
+                                 avoided=tuple(block * block_len + i for i, _ in avoided),
+                                 avoided_tokens=tuple(t for _, t in avoided))
     out = x[0, p_len:].tolist()
     if eos is not None and eos in out:
         out = out[: out.index(eos) + 1]

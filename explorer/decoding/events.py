@@ -96,6 +96,12 @@ class RefinementStep:
     remasked_tokens: tuple[int, ...] = ()  # the tokens they held
     remask_confidences: tuple[float, ...] = ()  # those tokens' probability under this pass
     why: str = ""  # the sampler's reason, in words
+    # option no_adjacent_repeat: positions the rule chose but left masked (the same token as a neighbour revealed
+    # with them), and revealed positions whose likeliest token before the ban repeated a filled neighbour
+    held: tuple[int, ...] = ()
+    held_tokens: tuple[int, ...] = ()
+    avoided: tuple[int, ...] = ()
+    avoided_tokens: tuple[int, ...] = ()  # the repeat each would have been
 
 
 Event = TokenStep | Proposal | Verification | RefinementStep

@@ -43,6 +43,7 @@ class Plan:
     reveal: tuple[int, ...]
     remask: tuple[int, ...] = ()
     why: str = ""
+    held: tuple[int, ...] = ()  # chosen by the rule, left masked: the same token as a neighbour revealed with it
 
 
 def _masked_by(score: torch.Tensor, masked: torch.Tensor) -> list[int]:
@@ -117,6 +118,37 @@ def revoke(p: Pass, threshold: float | None, below: float) -> Plan:
     return Plan(plan.reveal, remask, why=f"{plan.why}; {len(remask)} re-masked, below {below:g} now")
 
 
+# ---- repeated neighbours (any sampler): option ``no_adjacent_repeat``
+
+def ban_repeats(logits: torch.Tensor, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    """The block's logits (B, V) with each position's filled neighbours' tokens taken out (``left`` and ``right``:
+    the token beside each position, -1 where that is masked or outside the answer). HF's ``no_repeat_ngram_size``
+    at n = 2 asks the same of left-to-right text; a denoiser needs it on both sides, because it predicts a position
+    from its left context mostly and so repeats the word a neighbour already holds ("Sleep is is"): the default
+    partner gave the repeat a logit 14 nats above the next token, past any finite penalty (BENCHMARKS.md)."""
+    out = logits.clone()
+    rows = torch.arange(len(out), device=out.device)
+    for side in (left, right):
+        hit = side >= 0
+        out[rows[hit], side[hit]] = float("-inf")
+    return out
+
+
+def apart_repeats(plan: Plan, tokens: torch.Tensor, confidence: torch.Tensor) -> Plan:
+    """No two neighbours revealed by one pass with the same token: of such a pair the more confident is revealed and
+    the other held back (left masked) for a pass that sees it; at least one position is always revealed; a plan
+    that re-masks keeps at most as many re-masked as revealed."""
+    kept: list[int] = []
+    for i in sorted(plan.reveal, key=lambda i: (-float(confidence[i]), i)):
+        if not any(abs(i - j) == 1 and int(tokens[i]) == int(tokens[j]) for j in kept):
+            kept.append(i)
+    held = tuple(i for i in plan.reveal if i not in kept)
+    if not held:
+        return plan
+    reveal = tuple(i for i in plan.reveal if i in kept)
+    return Plan(reveal, plan.remask[:len(reveal)], f"{plan.why}; {len(held)} held back beside the same word", held)
+
+
 RULES: dict[str, Callable[..., Plan]] = {
     "confidence": lambda p, cfg: by_confidence(p, cfg.threshold),
     "entropy": lambda p, cfg: by_entropy(p, cfg.entropy_bound if cfg.entropy_bound is not None
@@ -131,5 +163,9 @@ SAMPLERS = tuple(RULES)  # a new rule: one function above and one line in RULES 
 
 
 def plan_pass(p: Pass, cfg: object) -> Plan:
-    """The plan of ``cfg.sampler`` (a DecodeConfig) for this pass."""
-    return RULES[cfg.sampler](p, cfg)  # type: ignore[attr-defined]
+    """The plan of ``cfg.sampler`` (a DecodeConfig) for this pass; with ``no_adjacent_repeat``, no two neighbours
+    revealed together with the same token (``apart_repeats``)."""
+    plan = RULES[cfg.sampler](p, cfg)  # type: ignore[attr-defined]
+    if getattr(cfg, "no_adjacent_repeat", False):
+        plan = apart_repeats(plan, p.tokens, p.confidence)
+    return plan

@@ -295,10 +295,23 @@ def sampler_configs(n: int, block: int, threshold: float) -> list[RunConfig]:
     return configs
 
 
+def lane_default_config(models: Models, n: int, block: int) -> list[RunConfig]:
+    """The app's diffusion lane as the preset starts it (its threshold, and no word twice in a row where it bans
+    that), where that is not one of the sampler rows already."""
+    p = models.preset
+    if not p.diffusion_threshold and not p.diffusion_no_adjacent_repeat:
+        return []
+    options = {"steps": n, "block_length": block, "sampler": p.diffusion_sampler,
+               "threshold": p.diffusion_threshold or None, "no_adjacent_repeat": p.diffusion_no_adjacent_repeat}
+    shown = [f"threshold {p.diffusion_threshold:g}"] if p.diffusion_threshold else []
+    shown += ["no word twice in a row"] if p.diffusion_no_adjacent_repeat else []
+    return [RunConfig("diffusion", f"the lane's default: {p.diffusion_sampler}, {', '.join(shown)}", options, x=0)]
+
+
 def diffusion_rows(models: Models, sets: list[PromptSet], s: DecideSettings, groups: dict[str, str]
                    ) -> list[dict[str, object]]:
-    """N = max_new_tokens; K = N/d for each divisor, and every sampler at its defaults (Fast-dLLM's threshold for
-    those that read one), on the first prompts of each group: tokens per pass against quality (perplexity under
+    """N = max_new_tokens; K = N/d for each divisor, every sampler at its defaults (Fast-dLLM's threshold for
+    those that read one) and the app's lane as the preset starts it, on the first prompts of each group: tokens per pass against quality (perplexity under
     the target, distinct 3-grams, repeated words) beside AR's on the same prompts, and time."""
     if models.diffusion is None:
         return []
@@ -316,6 +329,7 @@ def diffusion_rows(models: Models, sets: list[PromptSet], s: DecideSettings, gro
         if n % d == 0 and (n // d) % (n // block) == 0:
             configs.append(RunConfig("diffusion", f"K={n // d}", {"steps": n // d, "block_length": block}, x=n // d))
     configs += sampler_configs(n, block, s.threshold)
+    configs += lane_default_config(models, n, block)
     b = replace(bench_settings(models, s, s.temperatures[0]), quality=True)
     frame = run_requests(models, subset, configs, b, desc="diffusion quality")
     frame["seconds_per_token"] = frame["latency_s"] / frame["new_tokens"].clip(lower=1)
