@@ -7,8 +7,8 @@ import torch
 
 import explorer
 from explorer.decoding.config import DecodeConfig, validate
-from explorer.decoding.events import RefinementStep
 from explorer.decoding.diffusion import neighbours
+from explorer.decoding.events import RefinementStep
 from explorer.decoding.unmasking import (
     SAMPLERS,
     Pass,

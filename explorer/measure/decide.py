@@ -311,8 +311,9 @@ def lane_default_config(models: Models, n: int, block: int) -> list[RunConfig]:
 def diffusion_rows(models: Models, sets: list[PromptSet], s: DecideSettings, groups: dict[str, str]
                    ) -> list[dict[str, object]]:
     """N = max_new_tokens; K = N/d for each divisor, every sampler at its defaults (Fast-dLLM's threshold for
-    those that read one) and the app's lane as the preset starts it, on the first prompts of each group: tokens per pass against quality (perplexity under
-    the target, distinct 3-grams, repeated words) beside AR's on the same prompts, and time."""
+    those that read one) and the app's lane as the preset starts it, on the first prompts of each group: tokens
+    per pass against quality (perplexity under the target, distinct 3-grams, repeated words) beside AR's on the
+    same prompts, and time."""
     if models.diffusion is None:
         return []
     n = s.max_new_tokens
