@@ -135,7 +135,7 @@ def test_two_neighbours_with_the_same_token_are_not_revealed_in_one_pass():
     3 (a 5 beside 7) and 2 stay."""
     tokens, confidence = torch.tensor([5, 5, 7, 5]), torch.tensor([0.9, 0.95, 0.8, 0.85], dtype=torch.float64)
     plan = apart_repeats(Plan((0, 1, 2, 3), why="4 above"), tokens, confidence)
-    assert plan.reveal == (1, 2, 3) and plan.held == (0,) and plan.why == "4 above; 1 held back beside the same word"
+    assert plan.reveal == (1, 2, 3) and plan.held == (0,) and plan.why == "4 above; 1 held back beside the same token"
     # a revoke plan keeps at most as many re-masked as revealed
     plan = apart_repeats(Plan((0, 1), (3, 2)), torch.tensor([5, 5, 1, 1]), confidence)
     assert plan.reveal == (1,) and plan.remask == (3,) and plan.held == (0,)

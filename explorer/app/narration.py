@@ -94,10 +94,10 @@ def _narrate_diffusion(view: LaneView) -> str:
                     zip(e.remasked, e.remasked_tokens, e.remask_confidences, strict=True))
     shown_pos = {p: t for p, t, _ in shown}
     avoided = "".join(f" {_quote(view.piece(shown_pos[p]))} at position {p + 1} rather than {_quote(view.piece(t))}, "
-                      "the word beside it (never the same word twice in a row)." for p, t in
+                      "which its neighbour holds (never the same token twice in a row)." for p, t in
                       zip(e.avoided, e.avoided_tokens, strict=True) if p in shown_pos)
-    held = "".join(f" {_quote(view.piece(t))} at position {p + 1} held back: the same word as the neighbour revealed "
-                   "with it." for p, t in zip(e.held, e.held_tokens, strict=True))
+    held = "".join(f" {_quote(view.piece(t))} at position {p + 1} held back: a neighbour got the same token in this "
+                   "pass." for p, t in zip(e.held, e.held_tokens, strict=True))
     return (f"Step {e.step + 1}{of} (block {e.block + 1}): one pass predicted every mask; {len(e.positions)} "
             f"revealed{why}: {items}{more}.{avoided}{held}{taken} {e.masks_left} masks left.")
 

@@ -146,7 +146,7 @@ def apart_repeats(plan: Plan, tokens: torch.Tensor, confidence: torch.Tensor) ->
     if not held:
         return plan
     reveal = tuple(i for i in plan.reveal if i in kept)
-    return Plan(reveal, plan.remask[:len(reveal)], f"{plan.why}; {len(held)} held back beside the same word", held)
+    return Plan(reveal, plan.remask[:len(reveal)], f"{plan.why}; {len(held)} held back beside the same token", held)
 
 
 RULES: dict[str, Callable[..., Plan]] = {
