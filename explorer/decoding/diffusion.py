@@ -186,10 +186,11 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig, r
                     dt, fed = dt + dt2, fed + fed2
             else:
                 logits, dt, fed = denoise(model, x, start, end, rows, cache)
-            likeliest = None
+            likeliest, repeats = None, None
             if cfg.no_adjacent_repeat:  # never a filled neighbour's token (unmasking.py)
                 left, right = neighbours(x, lo, block_len, p_len, mask_id)
-                likeliest = (logits.argmax(-1), left, right)
+                likeliest = logits.argmax(-1)
+                repeats = (likeliest == left) | (likeliest == right)  # after the ban, never the token revealed
                 logits = ban_repeats(logits, left, right)
             tokens, confidence, probs = predict_tokens(logits, cfg, gen, banned)
             before = x[0, lo:lo + block_len].clone()
@@ -208,9 +209,7 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig, r
             now = time.perf_counter()
             for i in reveal:
                 revealed_t[block * block_len + i] = now - t0
-            avoided = [] if likeliest is None else [  # the likeliest token, before the ban, a neighbour's
-                (i, int(likeliest[0][i])) for i in reveal if int(likeliest[0][i]) != int(tokens[i])
-                and int(likeliest[0][i]) in (int(likeliest[1][i]), int(likeliest[2][i]))]
+            avoided = [] if repeats is None else [(i, int(likeliest[i])) for i in reveal if bool(repeats[i])]
             passes, forward_s, s, step, fed_total = passes + 1, forward_s + dt, s + 1, step + 1, fed_total + fed
             yield RefinementStep(t=now, step=step - 1, block=block,
                                  positions=tuple(block * block_len + i for i in reveal),
