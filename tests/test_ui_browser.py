@@ -102,12 +102,15 @@ def test_projector_lanes_move_together_plots_go_live_and_narration_names_the_ste
                               f"(ending {stamps[worst + 1] - clicked:.0f} ms after the click); plots at {plotted}")
     # step back until the speculative lane's latest step holds a rejection; the narration must name its tokens.
     # The replay steps only once the finished run is in (its scrubber moved off 0); before that a click changes nothing.
-    page.wait_for_function("Number(document.querySelector('#scrubber input[type=number]').value) > 0", timeout=30_000)
-    for _ in range(60):
-        if page.locator("#lanes .lane-speculative .step.last .rej").count():
-            break
+    # Every lane's frames share one clock, so the steps back to the speculative lane's last rejection depend on how
+    # far the other lanes ran after it on this machine: step until one shows or the replay is back at 0.
+    at = "Number(document.querySelector('#scrubber input[type=number]').value)"
+    page.wait_for_function(f"{at} > 0", timeout=30_000)
+    while not page.locator("#lanes .lane-speculative .step.last .rej").count() and page.evaluate(at) > 0:
+        before = page.evaluate(at)
         page.click("#replay-back")
-        page.wait_for_timeout(250)
+        page.wait_for_function(f"{at} < {before}", timeout=10_000)
+        page.wait_for_timeout(50)  # the lanes follow the scrubber in the same update
     accepted = page.evaluate(CHIP_TEXT, "#lanes .lane-speculative .step.last .kept .acc")
     rejected = page.evaluate(CHIP_TEXT, "#lanes .lane-speculative .step.last .dropped .rej")
     assert rejected, "no step with a rejection found"
