@@ -141,7 +141,9 @@ def build_trace(method: str, models: Models, prompt: str, prompt_ids: list[int],
     }
     if method == "speculative":
         measured = speculative_defaults(models, torch.get_num_threads())  # read back: measured by make_config
-        stats["speculative_default"] = measured.line() if measured is not None else None
+        ran = measured is not None and (cfg.gamma, cfg.draft_confidence, cfg.drafter, cfg.tree) == (
+            measured.gamma, measured.draft_confidence, models.preset.drafter, None)
+        stats["speculative_default"] = measured.line() if ran else None  # None: the request chose its own
         stats["drafter"] = cfg.drafter
         stats["gamma"] = cfg.gamma
         stats["per_position_acceptance"] = [a / n for a, n in result.per_position]
