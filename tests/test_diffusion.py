@@ -267,3 +267,16 @@ def test_a_pass_that_reveals_nothing_raises_within_one_pass_instead_of_hanging(r
     with pytest.raises(explorer.ExplorerError, match="a pass must reveal masked positions") as info:
         explorer.decode("diffusion", random_models, "abc", max_new_tokens=8, steps=8, block_length=8)
     assert bad_calls == [len(calls)] and "\n" not in str(info.value)  # raised in the pass that did it
+
+
+def test_no_word_twice_in_a_row_still_writes_a_number_with_a_repeated_digit():
+    """SmolLM2 writes 1000 as four digit tokens: a ban of the neighbour's token would give "1090"; a ban of the
+    neighbour's word lets a digit follow the same digit, and still never "plants plants" (its two spellings)."""
+    from explorer.measure.workload import adjacent_repeat_rate
+
+    models = explorer.load_models("smollm2-135m")
+    options = {"max_new_tokens": 32, "steps": 32, "block_length": 8, "threshold": 0.6, "no_adjacent_repeat": True}
+    trace = explorer.decode("diffusion", models, "How many years are in a millennium? Answer with the number.",
+                            **options)
+    assert "1000" in trace.text, trace.text
+    assert adjacent_repeat_rate(trace.text) == 0, trace.text

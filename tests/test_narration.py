@@ -107,7 +107,24 @@ def test_a_repeat_avoided_and_a_neighbour_held_back_are_said():
     assert "<code>z</code> at position 6 held back: a neighbour got the same token in this pass." in text
 
 
+def test_a_repeated_phrase_avoided_is_said_with_the_phrase():
+    """no_repeat_ngram: the phrase the likeliest token would have repeated, and why a position waited."""
+    step = RefinementStep(1.0, 0, 0, (4, 6), (1, 7), (0.9, 0.8), 5, 0.01, why="2 above the confidence 0.7",
+                          held=(5,), held_tokens=(7,), avoided=(4, 6), avoided_tokens=(2, 1),
+                          avoided_phrases=((7, 1, 2), ()))
+    view = render.LaneView("diffusion", [step], "p", piece, 8, total_steps=8,
+                           options={"no_adjacent_repeat": True, "no_repeat_ngram": 3})
+    text = said([view], "diffusion")
+    assert ("<code>a</code> at position 5 rather than " + B + ", which would repeat <code>za<span class=\"ws\">·"
+            "</span>b</code> (never the same 3 tokens twice).") in text, text
+    assert "<code>z</code> at position 7 rather than <code>a</code>, which its neighbour holds" in text
+    assert ("<code>z</code> at position 6 held back: with a token revealed beside it in this pass it would repeat a "
+            "token or a phrase.") in text
+
+
 def test_the_diffusion_header_says_when_no_word_may_come_twice_in_a_row():
     config = {"max_new_tokens": 64, "steps": 64, "block_length": 8, "threshold": 0.6, "no_adjacent_repeat": True}
     assert "sampler confidence (threshold 0.6, no word twice in a row)" in render.lane_detail("diffusion", config)
     assert "twice" not in render.lane_detail("diffusion", {**config, "no_adjacent_repeat": False})
+    assert "(threshold 0.6, no word twice in a row, no 3-token phrase twice)" in render.lane_detail(
+        "diffusion", {**config, "no_repeat_ngram": 3})

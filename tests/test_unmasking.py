@@ -13,13 +13,17 @@ from explorer.decoding.unmasking import (
     SAMPLERS,
     Pass,
     Plan,
+    Words,
+    apart_ngrams,
     apart_repeats,
     ban_repeats,
     by_confidence,
     by_entropy,
     dilated,
     entropy_bounded,
+    ngram_bans,
     plan_pass,
+    repeated_ngram,
     revoke,
 )
 from explorer.errors import ExplorerError
@@ -130,12 +134,39 @@ def test_a_filled_neighbours_token_is_taken_out_and_the_rest_left():
     assert neighbours(x, 2, 2, 2, 9)[0].tolist() == [-1, 5]  # the prompt's last token is not a neighbour
 
 
+# a vocabulary of 7 tokens: one word in three spellings, a digit, a comma, a glued piece
+PIECES = ["plants", " plants", " Plants", "0", ",", "ing", " sun"]
+
+
+def test_the_same_word_is_known_in_any_spelling_and_a_glued_digit_repeats_nothing():
+    """Hand-worked: "plants plants" and "plants Plants" repeat a word (the right one starts a new word); "0" "0"
+    (100) and "plants" "ing" do not; a comma repeats only itself."""
+    words = Words.of(PIECES)
+    assert words.key.tolist() == [0, 0, 0, 1, -1, 2, 3]
+    assert words.starts.tolist() == [False, True, True, False, False, False, True]
+    assert words.repeat(0, 1) and words.repeat(1, 2) and words.repeat(2, 1)
+    assert not words.repeat(1, 0)  # "plantsplants": glued, no second word
+    assert not words.repeat(3, 3) and words.repeat(4, 4) and not words.repeat(0, 5)
+    # the bans: right of "plants", every spelling that starts a word; left of " Plants", every spelling
+    logits = torch.zeros(2, 7)
+    out = ban_repeats(logits, torch.tensor([0, -1]), torch.tensor([-1, 2]), words)
+    assert torch.isneginf(out[0]).tolist() == [False, True, True, False, False, False, False]
+    assert torch.isneginf(out[1]).tolist() == [True, True, True, False, False, False, False]
+    out = ban_repeats(logits, torch.tensor([3, 4]), torch.tensor([3, -1]), words)  # digits glue; a comma
+    assert torch.isneginf(out).nonzero().tolist() == [[1, 4]]
+    # revealed together: " plants" then " Plants" is one held back, "0" "0" both go
+    confidence = torch.tensor([0.9, 0.8, 0.7], dtype=torch.float64)
+    assert apart_repeats(Plan((0, 1, 2)), torch.tensor([1, 2, 6]), confidence, words).held == (1,)
+    assert apart_repeats(Plan((0, 1, 2)), torch.tensor([3, 3, 6]), confidence, words).held == ()
+    assert apart_repeats(Plan((0, 1, 2)), torch.tensor([3, 3, 6]), confidence).held == (1,)  # no words: the token
+
+
 def test_two_neighbours_with_the_same_token_are_not_revealed_in_one_pass():
     """Hand-worked: the rule chose 0..3 with tokens 5 5 7 5; 1 is the most confident, so 0 (a 5 beside it) waits;
     3 (a 5 beside 7) and 2 stay."""
     tokens, confidence = torch.tensor([5, 5, 7, 5]), torch.tensor([0.9, 0.95, 0.8, 0.85], dtype=torch.float64)
     plan = apart_repeats(Plan((0, 1, 2, 3), why="4 above"), tokens, confidence)
-    assert plan.reveal == (1, 2, 3) and plan.held == (0,) and plan.why == "4 above; 1 held back beside the same token"
+    assert plan.reveal == (1, 2, 3) and plan.held == (0,) and plan.why == "4 above; 1 held back beside the same word"
     # a revoke plan keeps at most as many re-masked as revealed
     plan = apart_repeats(Plan((0, 1), (3, 2)), torch.tensor([5, 5, 1, 1]), confidence)
     assert plan.reveal == (1,) and plan.remask == (3,) and plan.held == (0,)
@@ -161,8 +192,62 @@ def test_no_adjacent_repeat_in_a_decode_leaves_no_equal_neighbours_and_ends_fill
     assert trace.config["no_adjacent_repeat"] is True
 
 
+def test_a_token_that_would_complete_an_ngram_the_answer_holds_is_banned_on_either_side():
+    """Hand-worked, n = 3: the answer 1 2 3 [M] 1 2 [M] 2 3 holds one whole 3-gram, (1 2 3). Position 6 would make
+    (1 2 _) with its left pair (3 banned) and (_ 2 3) with its right pair (1 banned); position 3 completes nothing."""
+    answer = [1, 2, 3, -1, 1, 2, -1, 2, 3]
+    assert ngram_bans(answer, range(9), 3) == {6: {1, 3}}
+    assert ngram_bans(answer, range(4), 3) == {}  # only the block's positions
+    assert ngram_bans(answer, range(9), 2) == {6: {1, 3}}  # (2 3) and (1 2) are held; nothing pairs 3 _ or _ 1
+    # an answer's end repeats (end-of-turn padding): a free token is never part of a banned n-gram
+    ended = [9, 9, 9, -1, 9, 9]
+    assert ngram_bans(ended, range(6), 3) == {3: {9}} and ngram_bans(ended, range(6), 3, frozenset({9})) == {}
+    assert repeated_ngram([1, 2, 3, 1, 2, 3], 4, 3) == (1, 2, 3) and repeated_ngram([1, 2, 3, 1, 2, 4], 4, 3) == ()
+
+
+def test_tokens_revealed_together_never_make_a_repeated_ngram():
+    """Hand-worked, n = 3: the answer 1 2 [M] [M] 1 2 [M] [M]; the rule chose 2, 3, 6, 7 with tokens 3, 7, 3, 8 and
+    6 the most confident. 6 goes first (1 2 3 at 4..6); 2 would repeat it and waits; 3 and 7 make nothing twice."""
+    tokens = torch.tensor([0, 0, 3, 7, 0, 0, 3, 8])
+    confidence = torch.tensor([0, 0, 0.9, 0.85, 0, 0, 0.95, 0.8], dtype=torch.float64)
+    masked = torch.tensor([False, False, True, True, False, False, True, True])
+    p = Pass(tokens, confidence, torch.zeros(8, 4, dtype=torch.float64), masked, tokens, 1,
+             answer=(1, 2, -1, -1, 1, 2, -1, -1))
+    plan = apart_ngrams(Plan((2, 3, 6, 7), why="4 above"), p, 3)
+    assert plan.reveal == (3, 6, 7) and plan.held == (2,) and plan.why == "4 above; 1 held back: a repeated 3-gram"
+    # the most confident is always revealed: with 2 first, 6 waits
+    swapped = torch.tensor([0, 0, 0.95, 0.85, 0, 0, 0.9, 0.8], dtype=torch.float64)
+    first = Pass(tokens, swapped, p.probs, masked, tokens, 1, answer=p.answer)
+    assert apart_ngrams(Plan((2, 6)), first, 3).reveal == (2,)
+    assert apart_ngrams(Plan((2, 6)), p, 4).held == ()  # no 4-gram twice
+    assert plan_pass(p, DecodeConfig(threshold=0.5, no_repeat_ngram=3)).held == (2,)
+    assert plan_pass(p, DecodeConfig(threshold=0.5)).held == ()
+
+
+@pytest.mark.parametrize("options", [{"threshold": 0.02}, {"steps": 32}], ids=["many a pass", "one a pass"])
+def test_no_repeat_ngram_in_a_decode_leaves_no_ngram_twice_and_ends_filled(random_models, options):
+    """The random miniature's answers repeat 2-grams (checked first); with the ban, none, and every position filled.
+    One token a pass: only the ban stops a repeat (no two revealed together)."""
+    def grams(tokens):
+        return [tuple(tokens[i:i + 2]) for i in range(len(tokens) - 1)]
+
+    options = {"max_new_tokens": 32, "block_length": 8, **options}
+    plain = [explorer.decode("diffusion", random_models, "def f(x):", seed=s, **options) for s in range(3)]
+    assert any(len(set(grams(t.token_ids))) < len(grams(t.token_ids)) for t in plain), "no repeat to stop"
+    free = {random_models.diffusion_tokenizer.eos_token_id, random_models.diffusion_tokenizer.pad_token_id}
+    for seed in range(3):
+        trace = explorer.decode("diffusion", random_models, "def f(x):", seed=seed, no_repeat_ngram=2, **options)
+        steps = [e for e in trace.events if isinstance(e, RefinementStep)]
+        whole = [g for g in grams(trace.token_ids) if not free & set(g)]
+        assert len(set(whole)) == len(whole), trace.token_ids
+        assert steps[-1].masks_left == 0 and trace.config["no_repeat_ngram"] == 2
+        assert all(len(e.avoided_phrases) == len(e.avoided) for e in steps)
+
+
 @pytest.mark.parametrize("options,message", [
     ({"no_adjacent_repeat": 1}, "no_adjacent_repeat"),
+    ({"no_repeat_ngram": 1}, "no_repeat_ngram"), ({"no_repeat_ngram": 9}, "no_repeat_ngram"),
+    ({"no_repeat_ngram": True}, "no_repeat_ngram"),
     ({"sampler": "greedy"}, "unknown sampler"), ({"sampler": "entropy", "entropy_bound": 0}, "entropy_bound"),
     ({"sampler": "entropy", "entropy_bound": float("nan")}, "entropy_bound"),
     ({"sampler": "revoke", "revoke_below": 1.0}, "revoke_below"),

@@ -23,6 +23,7 @@ def lane_detail(method: str, config: dict[str, Any]) -> str:
         budget = f"K = {steps} steps" if fixed else f"at most K = {steps} passes (adaptive)"
         budget += ", plus one per re-mask" if sampler == "revoke" else ""
         knobs += ["no word twice in a row"] if config.get("no_adjacent_repeat") else []
+        knobs += [f"no {config['no_repeat_ngram']}-token phrase twice"] if config.get("no_repeat_ngram") else []
         cache = f", cache {config['cache']}" if config.get("cache") else ""
         return (f"N = {n}, {budget}, blocks of {block}, sampler {sampler}"
                 f"{' (' + ', '.join(knobs) + ')' if knobs else ''}{cache}")

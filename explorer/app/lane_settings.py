@@ -103,7 +103,8 @@ SETTING_NAMES = [page for page, _, _ in PAGE]
 PRESET_CONTROLS = {"drafter": "drafter", "gamma": "gamma", "draft_confidence": "draft_confidence",
                    "tokens_per_step": "diffusion_tokens_per_step", "blocks": "diffusion_blocks",
                    "threshold": "diffusion_threshold", "sampler": "diffusion_sampler",
-                   "no_adjacent_repeat": "diffusion_no_adjacent_repeat"}
+                   "no_adjacent_repeat": "diffusion_no_adjacent_repeat",
+                   "no_repeat_ngram": "diffusion_no_repeat_ngram"}
 
 
 def _preset_values(preset: Any) -> dict[str, Any]:

@@ -172,11 +172,19 @@ class DecodeConfig:
         Control("slider", f"re-mask below this probability (0 = default {DEFAULT_REVOKE_BELOW:g})", 0, 0.95, 0.05,
                 off=0.0, info="sampler revoke", elem_id="revoke-below"), _sampler_is("revoke"))
     no_adjacent_repeat: bool = option(
-        False, DIFF, "diffusion, every sampler: never reveal a token equal to a filled neighbour's, nor two "
-        "neighbours with the same token in one pass",
+        False, DIFF, "diffusion, every sampler: never reveal a word equal to a filled neighbour's (any spelling of "
+        "it: \"plants\", \" Plants\"), nor two neighbours with the same word in one pass",
         Control("check", "never the same word twice in a row", elem_id="no-adjacent-repeat",
                 info="stops \"plants plants\": a position never gets the word beside it, and two neighbours never "
                      "the same word in one pass"))
+    no_repeat_ngram: int = option(
+        0, DIFF, "diffusion, every sampler: never reveal a token that completes an n-gram of this many tokens the "
+        "answer already holds, nor tokens that make one together in one pass (HF's no_repeat_ngram_size, on both "
+        "sides of a masked position); 0 = off, else 2..8",
+        Control("choice", "never repeat a phrase of n tokens",
+                choices=(("off", 0), *((str(k), k) for k in range(2, 9))),
+                info="stops loops (\"a gentle of the, a gentle of the\"): no n tokens in a row twice in one answer",
+                elem_id="no-repeat-ngram"))
     cache: str | None = option(
         None, SPEC + DIFF, "diffusion KV cache (the diffusion lane's and the diffusion drafter's): "
         f"{', '.join(CACHES)} (default: {DEFAULT_CACHE!r} where the model takes one)",
@@ -208,7 +216,8 @@ SETUP_OPTIONS = {m: tuple(n for n, o in OPTIONS.items() if m in o.methods and n 
 NOT_SETUP = tuple(n for n, o in OPTIONS.items() if not o.methods)  # the seed: it picks a sample, not a setup
 # how a setup label names an option (the rest by their own name)
 SETUP_NAMES = {"max_new_tokens": "N", "temperature": "T", "gamma": "γ", "draft_confidence": "cut", "steps": "K",
-               "block_length": "block", "top_k": "top-k", "top_p": "top-p", "no_adjacent_repeat": "no repeats"}
+               "block_length": "block", "top_k": "top-k", "top_p": "top-p", "no_adjacent_repeat": "no repeats",
+               "no_repeat_ngram": "no repeated n-gram"}
 ALWAYS_SHOWN = ("max_new_tokens", "temperature", "drafter", "gamma", "sampler", "steps", "block_length")
 
 
@@ -371,6 +380,9 @@ def _validate_diffusion(cfg: DecodeConfig) -> None:
     _require(rb is None or cfg.sampler == "revoke",
              f"revoke_below is the revoke sampler's (sampler is {cfg.sampler!r})")
     _require(isinstance(cfg.no_adjacent_repeat, bool), "no_adjacent_repeat must be true or false")
+    ng = cfg.no_repeat_ngram
+    _require(isinstance(ng, int) and not isinstance(ng, bool) and (ng == 0 or 2 <= ng <= 8),
+             f"no_repeat_ngram must be 0 (off) or a whole number 2..8 (got {ng!r})")
 
 
 def validate_prompt(prompt: Any) -> str:

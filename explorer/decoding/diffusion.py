@@ -8,8 +8,11 @@ float64 (categorical noise in low precision biases the sample). With ``threshold
 (Fast-dLLM, Wu et al. 2025, Sec. 3.2) a step reveals every masked position of the block whose
 confidence exceeds the threshold, at least one. Models that predict the next position (Dream,
 AR-adapted denoisers) have their logits shifted right by one. Which positions a pass commits is the
-``sampler``'s rule (unmasking.py); ``no_adjacent_repeat`` takes out, before any rule ranks, the token a
-filled neighbour holds, and keeps two neighbours from getting the same token in one pass.
+``sampler``'s rule (unmasking.py); ``no_adjacent_repeat`` takes out, before any rule ranks, the word a
+filled neighbour holds (in any case or spacing: "plants" then " Plants"; a digit glued to a digit is no repeat),
+and keeps two neighbours from getting the same word in one pass; ``no_repeat_ngram``
+takes out every token that would complete an n-gram the answer already holds, and keeps the tokens revealed together
+from making one.
 
 KV cache (Fast-dLLM, Sec. 3.1), option ``cache``: ``none`` runs every pass over prompt + all N
 positions. ``prefix`` runs one full pass at the start of each block, keeps the keys and values of
@@ -21,6 +24,7 @@ canvas at the start of the block and are not updated as the block fills in.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import time
 from collections.abc import Generator
@@ -33,7 +37,7 @@ from explorer.decoding.config import DEFAULT_CACHE, DecodeConfig
 from explorer.decoding.events import DecodeResult, Event, RefinementStep
 from explorer.decoding.registry import diffusion_sampler
 from explorer.decoding.sampling import fast_argmax, make_generator, sanitize_logits, warp_logits
-from explorer.decoding.unmasking import Pass, ban_repeats, plan_pass
+from explorer.decoding.unmasking import Pass, Words, ban_repeats, ngram_bans, plan_pass, repeated_ngram
 from explorer.errors import ExplorerError
 from explorer.runtime import Models, timed_forward
 
@@ -73,6 +77,14 @@ def neighbours(x: torch.Tensor, lo: int, block_len: int, p_len: int, mask_id: in
     answer = torch.where(answer == mask_id, torch.full_like(answer, -1), answer)
     i = lo - p_len + 1  # the block's first position in ``answer``
     return answer[i - 1:i - 1 + block_len], answer[i + 1:i + 1 + block_len]
+
+
+@functools.lru_cache(maxsize=4)
+def word_table(tokenizer, vocab: int) -> Words:
+    """Which of the model's ``vocab`` tokens spell one word (unmasking.Words), from each token's text; ids past the
+    tokenizer's are no words."""
+    n = min(vocab, len(tokenizer))
+    return Words.of(tokenizer.batch_decode([[i] for i in range(n)]) + [""] * (vocab - n))
 
 
 def _takes(model: nn.Module, argument: str) -> bool:
@@ -162,6 +174,7 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig, r
     eos = models.diffusion_tokenizer.eos_token_id
     # never "reveal" a mask or pad token; but where pad doubles as end-of-turn (SmolLM2) EOS stays allowed
     banned = [i for i in {mask_id, models.diffusion_tokenizer.pad_token_id} if i is not None and i != eos]
+    free = frozenset(i for i in (eos, models.diffusion_tokenizer.pad_token_id) if i is not None)  # may repeat
     model, mode, shift, total = models.diffusion, resolve_cache(models.diffusion, cfg.cache), \
         int(bool(models.diffusion_shift)), p_len + n
     revealed_t = [0.0] * n
@@ -186,17 +199,30 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig, r
                     dt, fed = dt + dt2, fed + fed2
             else:
                 logits, dt, fed = denoise(model, x, start, end, rows, cache)
-            likeliest, repeats = None, None
+            likeliest, answer, phrases, words = logits.argmax(-1), None, {}, None
             if cfg.no_adjacent_repeat:  # never a filled neighbour's token (unmasking.py)
                 left, right = neighbours(x, lo, block_len, p_len, mask_id)
-                likeliest = logits.argmax(-1)
-                repeats = (likeliest == left) | (likeliest == right)  # after the ban, never the token revealed
-                logits = ban_repeats(logits, left, right)
+                words = word_table(models.diffusion_tokenizer, logits.shape[-1])
+                logits = ban_repeats(logits, left, right, words)
+            if cfg.no_repeat_ngram:  # never a token that completes an n-gram the answer holds (unmasking.py)
+                answer = [-1 if t == mask_id else t for t in x[0, p_len:].tolist()]
+                bans = ngram_bans(answer, range(lo - p_len, lo - p_len + block_len), cfg.no_repeat_ngram, free)
+                logits = logits.clone() if bans else logits
+                for i, hit in bans.items():
+                    logits[i - (lo - p_len), list(hit)] = float("-inf")
+                    if int(likeliest[i - (lo - p_len)]) in hit:  # the phrase the likeliest token would repeat
+                        answer[i] = int(likeliest[i - (lo - p_len)])
+                        phrases[i - (lo - p_len)] = repeated_ngram(answer, i, cfg.no_repeat_ngram, free)
+                        answer[i] = -1
+            # a position whose likeliest token a ban took out (after a ban, never the token revealed)
+            banning = answer is not None or cfg.no_adjacent_repeat
+            repeats = torch.isneginf(logits.gather(-1, likeliest[:, None])[:, 0]) if banning else None
             tokens, confidence, probs = predict_tokens(logits, cfg, gen, banned)
             before = x[0, lo:lo + block_len].clone()
             still = before == mask_id
             count = schedule[s] if s < len(schedule) else 1
-            plan = plan_pass(Pass(tokens, confidence, probs, still, before, count, ~still & ~revoked), cfg)
+            plan = plan_pass(Pass(tokens, confidence, probs, still, before, count, ~still & ~revoked,
+                                  None if answer is None else tuple(answer), lo - p_len, free, words), cfg)
             reveal, remask = list(plan.reveal), list(plan.remask)
             if not reveal or not all(bool(still[i]) for i in reveal) or len(remask) > len(reveal) or any(
                     bool(still[i]) or bool(revoked[i]) for i in remask):  # else a pass could loop forever
@@ -222,7 +248,8 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig, r
                                  held=tuple(block * block_len + i for i in plan.held),
                                  held_tokens=tuple(int(tokens[i]) for i in plan.held),
                                  avoided=tuple(block * block_len + i for i, _ in avoided),
-                                 avoided_tokens=tuple(t for _, t in avoided))
+                                 avoided_tokens=tuple(t for _, t in avoided),
+                                 avoided_phrases=tuple(phrases.get(i, ()) for i, _ in avoided))
     out = x[0, p_len:].tolist()
     if eos is not None and eos in out:
         out = out[: out.index(eos) + 1]

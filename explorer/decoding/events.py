@@ -96,12 +96,13 @@ class RefinementStep:
     remasked_tokens: tuple[int, ...] = ()  # the tokens they held
     remask_confidences: tuple[float, ...] = ()  # those tokens' probability under this pass
     why: str = ""  # the sampler's reason, in words
-    # option no_adjacent_repeat: positions the rule chose but left masked (the same token as a neighbour revealed
-    # with them), and revealed positions whose likeliest token before the ban repeated a filled neighbour
+    # options no_adjacent_repeat / no_repeat_ngram: positions the rule chose but left masked (they would repeat what
+    # a position revealed with them made), and revealed positions whose likeliest token a ban took out
     held: tuple[int, ...] = ()
     held_tokens: tuple[int, ...] = ()
     avoided: tuple[int, ...] = ()
     avoided_tokens: tuple[int, ...] = ()  # the repeat each would have been
+    avoided_phrases: tuple[tuple[int, ...], ...] = ()  # no_repeat_ngram: the n-gram it would have repeated, or ()
 
 
 Event = TokenStep | Proposal | Verification | RefinementStep

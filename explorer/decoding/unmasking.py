@@ -9,6 +9,8 @@ block, so a block of B positions ends filled within 2B passes.
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -31,6 +33,10 @@ class Pass:
     canvas: torch.Tensor  # (B,) the tokens on the canvas before this pass (mask id where masked)
     count: int  # how many the step schedule asks for (K passes over the block)
     revocable: torch.Tensor | None = None  # (B,) bool: committed and never masked again in this block
+    answer: tuple[int, ...] | None = None  # option no_repeat_ngram: the whole answer before this pass, -1 = masked
+    start: int = 0  # the block's first position in ``answer``
+    free: frozenset[int] = frozenset()  # tokens an n-gram may repeat (the end of the answer, padding)
+    words: Words | None = None  # option no_adjacent_repeat: which tokens spell one word
 
     @property
     def entropy(self) -> torch.Tensor:
@@ -43,7 +49,7 @@ class Plan:
     reveal: tuple[int, ...]
     remask: tuple[int, ...] = ()
     why: str = ""
-    held: tuple[int, ...] = ()  # chosen by the rule, left masked: the same token as a neighbour revealed with it
+    held: tuple[int, ...] = ()  # chosen by the rule, left masked: it would repeat what another revealed with it made
 
 
 def _masked_by(score: torch.Tensor, masked: torch.Tensor) -> list[int]:
@@ -120,33 +126,139 @@ def revoke(p: Pass, threshold: float | None, below: float) -> Plan:
 
 # ---- repeated neighbours (any sampler): option ``no_adjacent_repeat``
 
-def ban_repeats(logits: torch.Tensor, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
-    """The block's logits (B, V) with each position's filled neighbours' tokens taken out (``left`` and ``right``:
-    the token beside each position, -1 where that is masked or outside the answer). HF's ``no_repeat_ngram_size``
-    at n = 2 asks the same of left-to-right text; a denoiser needs it on both sides, because it predicts a position
-    from its left context mostly and so repeats the word a neighbour already holds ("Sleep is is"): the default
-    partner gave the repeat a logit 14 nats above the next token, past any finite penalty (BENCHMARKS.md)."""
+WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?")  # a word as the repeat rate counts one (measure/workload.py)
+
+
+@dataclass(frozen=True)
+class Words:
+    """Which tokens spell the same word. ``key`` (V,): one number per word, whatever its case and leading
+    whitespace ("plants", " plants", " Plants"), -1 for a token that is no whole word (punctuation, whitespace,
+    symbols); ``starts`` (V,): the token begins a new word (leading whitespace)."""
+
+    key: torch.Tensor
+    starts: torch.Tensor
+
+    @staticmethod
+    def of(pieces: list[str]) -> Words:
+        """From each token's text."""
+        keys: dict[str, int] = {}
+        key = [keys.setdefault(w, len(keys)) if WORD.fullmatch(w := t.strip().lower()) else -1 for t in pieces]
+        return Words(torch.tensor(key), torch.tensor([t[:1].isspace() for t in pieces]))
+
+    def repeat(self, a: int, b: int) -> bool:
+        """Token b right after token a repeats a's word ("plants plants", "of of"). A token glued to a word ("1" "0"
+        "0": 100) repeats nothing; a token that is no word repeats only itself (", ,")."""
+        ka = int(self.key[a])
+        return (ka == int(self.key[b]) and bool(self.starts[b])) if ka >= 0 else a == b
+
+    def after(self, a: int) -> torch.Tensor:
+        """(V,) bool: the tokens b with repeat(a, b)."""
+        ka = int(self.key[a])
+        return (self.key == ka) & self.starts if ka >= 0 else torch.arange(len(self.key)) == a
+
+    def before(self, b: int) -> torch.Tensor:
+        """(V,) bool: the tokens a with repeat(a, b)."""
+        kb = int(self.key[b])
+        if kb < 0:
+            return torch.arange(len(self.key)) == b
+        return self.key == kb if bool(self.starts[b]) else torch.zeros(len(self.key), dtype=torch.bool)
+
+
+def ban_repeats(logits: torch.Tensor, left: torch.Tensor, right: torch.Tensor, words: Words | None = None
+                ) -> torch.Tensor:
+    """The block's logits (B, V) with each position's filled neighbours' words taken out (``left`` and ``right``:
+    the token beside each position, -1 where that is masked or outside the answer; ``words``: which tokens spell
+    one word, None: each token its own). HF's ``no_repeat_ngram_size`` at n = 2 asks the same of left-to-right
+    text; a denoiser needs it on both sides, because it predicts a position from its left context mostly and so
+    repeats the word a neighbour already holds ("Sleep is is"): the default partner gave the repeat a logit 14 nats
+    above the next token, past any finite penalty (BENCHMARKS.md)."""
     out = logits.clone()
-    rows = torch.arange(len(out), device=out.device)
-    for side in (left, right):
-        hit = side >= 0
-        out[rows[hit], side[hit]] = float("-inf")
+    for row in range(len(out)):
+        for side, ban in ((int(left[row]), "after"), (int(right[row]), "before")):
+            if side < 0:
+                continue
+            if words is None:
+                out[row, side] = float("-inf")
+            else:
+                hit = getattr(words, ban)(side)
+                out[row, :len(hit)][hit.to(out.device)] = float("-inf")
     return out
 
 
-def apart_repeats(plan: Plan, tokens: torch.Tensor, confidence: torch.Tensor) -> Plan:
-    """No two neighbours revealed by one pass with the same token: of such a pair the more confident is revealed and
-    the other held back (left masked) for a pass that sees it; at least one position is always revealed; a plan
-    that re-masks keeps at most as many re-masked as revealed."""
+def apart_repeats(plan: Plan, tokens: torch.Tensor, confidence: torch.Tensor, words: Words | None = None) -> Plan:
+    """No two neighbours revealed by one pass with the same word (``words``; None: the same token): of such a pair
+    the more confident is revealed and the other held back (left masked) for a pass that sees it; at least one
+    position is always revealed; a plan that re-masks keeps at most as many re-masked as revealed."""
+    def repeat(a: int, b: int) -> bool:  # a then b
+        return words.repeat(int(tokens[a]), int(tokens[b])) if words is not None else int(tokens[a]) == int(tokens[b])
+
     kept: list[int] = []
     for i in sorted(plan.reveal, key=lambda i: (-float(confidence[i]), i)):
-        if not any(abs(i - j) == 1 and int(tokens[i]) == int(tokens[j]) for j in kept):
+        if not any((j == i - 1 and repeat(j, i)) or (j == i + 1 and repeat(i, j)) for j in kept):
             kept.append(i)
     held = tuple(i for i in plan.reveal if i not in kept)
     if not held:
         return plan
     reveal = tuple(i for i in plan.reveal if i in kept)
-    return Plan(reveal, plan.remask[:len(reveal)], f"{plan.why}; {len(held)} held back beside the same token", held)
+    return Plan(reveal, plan.remask[:len(reveal)], f"{plan.why}; {len(held)} held back beside the same word", held)
+
+
+# ---- repeated phrases (any sampler): option ``no_repeat_ngram``
+
+def _whole(answer: list[int], s: int, n: int, free: frozenset[int]) -> bool:
+    return all(answer[j] >= 0 and answer[j] not in free for j in range(s, s + n))
+
+
+def ngram_bans(answer: list[int], positions: range, n: int, free: frozenset[int] = frozenset()) -> dict[int, set[int]]:
+    """HF's ``no_repeat_ngram_size`` for a canvas filled in any order: for each masked position among ``positions``
+    (of ``answer``, -1 where masked), the tokens that would complete an n-gram the answer already holds, in any
+    window of n positions around it whose other n - 1 are filled. An n-gram holding a ``free`` token (the end of
+    the answer, its padding) is never banned: an answer ends in a run of them."""
+    holes: dict[tuple[int, ...], set[int]] = {}  # (offset of the hole, the other n - 1 tokens) -> tokens seen there
+    for s in range(len(answer) - n + 1):
+        if _whole(answer, s, n, free):
+            g = answer[s:s + n]
+            for o in range(n):
+                holes.setdefault((o, *g[:o], *g[o + 1:]), set()).add(g[o])
+    out: dict[int, set[int]] = {}
+    for i in positions:
+        if answer[i] >= 0:
+            continue
+        for s in range(max(0, i - n + 1), min(i, len(answer) - n) + 1):
+            others = [answer[j] for j in range(s, s + n) if j != i]
+            if all(t >= 0 and t not in free for t in others) and (hit := holes.get((i - s, *others))):
+                out.setdefault(i, set()).update(hit)
+    return out
+
+
+def repeated_ngram(answer: list[int], i: int, n: int, free: frozenset[int] = frozenset()) -> tuple[int, ...]:
+    """An n-gram through position i of ``answer`` that the answer holds elsewhere too (the first), or ()."""
+    grams = Counter(tuple(answer[s:s + n]) for s in range(len(answer) - n + 1) if _whole(answer, s, n, free))
+    for s in range(max(0, i - n + 1), min(i, len(answer) - n) + 1):
+        g = tuple(answer[s:s + n])
+        if _whole(answer, s, n, free) and grams[g] > 1:
+            return g
+    return ()
+
+
+def apart_ngrams(plan: Plan, p: Pass, n: int) -> Plan:
+    """No pass reveals positions that together repeat an n-gram: in order of confidence each revealed token goes on
+    the canvas unless it completes a repeat there, else it is held back for a pass that sees the others; the most
+    confident is always revealed; a plan that re-masks keeps at most as many re-masked as revealed."""
+    answer = list(p.answer or ())
+    kept: list[int] = []
+    for i in sorted(plan.reveal, key=lambda i: (-float(p.confidence[i]), i)):
+        answer[p.start + i] = int(p.tokens[i])
+        if kept and repeated_ngram(answer, p.start + i, n, p.free):
+            answer[p.start + i] = -1
+        else:
+            kept.append(i)
+    held = tuple(i for i in plan.reveal if i not in kept)
+    if not held:
+        return plan
+    reveal = tuple(i for i in plan.reveal if i in kept)
+    return Plan(reveal, plan.remask[:len(reveal)], f"{plan.why}; {len(held)} held back: a repeated {n}-gram",
+                plan.held + held)
 
 
 RULES: dict[str, Callable[..., Plan]] = {
@@ -164,8 +276,11 @@ SAMPLERS = tuple(RULES)  # a new rule: one function above and one line in RULES 
 
 def plan_pass(p: Pass, cfg: object) -> Plan:
     """The plan of ``cfg.sampler`` (a DecodeConfig) for this pass; with ``no_adjacent_repeat``, no two neighbours
-    revealed together with the same token (``apart_repeats``)."""
+    revealed together with the same token (``apart_repeats``); with ``no_repeat_ngram``, no repeated n-gram made
+    by the tokens revealed together (``apart_ngrams``)."""
     plan = RULES[cfg.sampler](p, cfg)  # type: ignore[attr-defined]
     if getattr(cfg, "no_adjacent_repeat", False):
-        plan = apart_repeats(plan, p.tokens, p.confidence)
+        plan = apart_repeats(plan, p.tokens, p.confidence, p.words)
+    if getattr(cfg, "no_repeat_ngram", 0) and p.answer is not None:
+        plan = apart_ngrams(plan, p, cfg.no_repeat_ngram)  # type: ignore[attr-defined]
     return plan
