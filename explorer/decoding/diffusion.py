@@ -200,7 +200,7 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig, r
             else:
                 logits, dt, fed = denoise(model, x, start, end, rows, cache)
             likeliest, answer, phrases, words = logits.argmax(-1), None, {}, None
-            if cfg.no_adjacent_repeat:  # never a filled neighbour's token (unmasking.py)
+            if cfg.no_adjacent_repeat:  # never a filled neighbour's word (unmasking.py)
                 left, right = neighbours(x, lo, block_len, p_len, mask_id)
                 words = word_table(models.diffusion_tokenizer, logits.shape[-1])
                 logits = ban_repeats(logits, left, right, words)
