@@ -16,7 +16,8 @@ import torch
 
 import explorer
 from explorer.app.hosting import deploy_space
-from explorer.decoding.config import METHODS, DecodeConfig, validate, validate_prompt
+from explorer.decoding.config import METHODS, DecodeConfig, validate
+from explorer.decoding.prompting import validate_prompt
 from explorer.engine import commands as engine_commands
 from explorer.errors import ExplorerError
 from explorer.flags import add_model_arguments, add_option_arguments, option_help

@@ -9,7 +9,7 @@ import gradio as gr
 from explorer.app import hosting
 from explorer.app.hosting import gpu
 from explorer.app.lane_settings import load_preset
-from explorer.decoding.config import validate_prompt
+from explorer.decoding.prompting import validate_prompt
 from explorer.errors import ExplorerError
 
 AUDIT_MAX_SAMPLES = 2000  # one audit request holds the decode slot: bounded

@@ -15,7 +15,7 @@ import explorer
 from explorer.app import narration, render
 from explorer.app.lane_settings import load_preset
 from explorer.app.playback import playback_times, speed_words
-from explorer.decoding.config import validate_prompt
+from explorer.decoding.prompting import validate_prompt
 from explorer.engine.allow import EnginePolicy, environment_policy
 from explorer.engine.client import RequestRecord, run_one, served_model
 from explorer.engine.server import ENGINE_PRESETS, engine_at

@@ -19,9 +19,9 @@ from explorer.decoding.config import (
     DecodeConfig,
     applies,
     option_type,
-    validate_prompt,
 )
 from explorer.decoding.drafters import available_drafters
+from explorer.decoding.prompting import validate_prompt
 from explorer.errors import ExplorerError
 from explorer.models import DEFAULT_PRESET, PRESETS
 from explorer.precision import EXACT, parse_preset

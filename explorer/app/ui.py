@@ -59,9 +59,9 @@ from explorer.app.page import (
 from explorer.app.playback import LIVE, initial_frame, preview_frame, replay_at, replay_play, replay_step
 from explorer.app.runs import HISTORY_COLUMNS, HISTORY_WIDTHS, RUNS_LIMIT, compare_figure
 from explorer.app.turns import taking_turn
+from explorer.decoding.prompting import MAX_PROMPT_CHARS
 from explorer.models import DEFAULT_PRESET
 
-MAX_PROMPT_CHARS = 20_000
 SPEEDS = [("live: all lanes decode at once, shown as they go (they share the CPU)", LIVE),
           ("timed: each lane alone, then all replayed, about 4 s", 0.0), ("timed, replayed in real time", 1.0),
           ("timed, replayed 2× slower", 2.0), ("timed, replayed 10× slower", 10.0),

@@ -9,10 +9,13 @@ from typing import Any
 import torch
 
 from explorer.decoding.autoregressive import decode_autoregressive
-from explorer.decoding.config import DecodeConfig, parse_tree, validate, validate_prompt
+from explorer.decoding.config import DecodeConfig, parse_tree, validate
 from explorer.decoding.diffusion import decode_diffusion
 from explorer.decoding.events import DecodeResult, Event, Trace
-from explorer.decoding.prompting import encode_prompt  # noqa: F401  (its home is prompting.py)
+from explorer.decoding.prompting import (
+    encode_prompt,  # noqa: F401  (its home is prompting.py)
+    validate_prompt,
+)
 from explorer.decoding.speculative import decode_speculative
 from explorer.errors import ExplorerError
 from explorer.precision.choice import speculative_defaults

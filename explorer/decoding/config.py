@@ -20,7 +20,6 @@ CACHES = ("none", "prefix", "dual")  # diffusion KV cache (Fast-dLLM, Wu et al. 
 # N = 128 on tiny and 2.75x at N = 64 on smollm2-135m, perplexity unchanged: BENCHMARKS.md, diffusion KV cache).
 DEFAULT_CACHE = "dual"
 SWEEP_CACHE = "dual"  # what the break-even sweep decodes with
-MAX_PROMPT_CHARS = 20_000
 TREE_DRAFTERS = ("model", "early_exit", "assistant")  # the drafters that give a distribution per tree node
 MAX_TREE_NODES, MAX_TREE_DEPTH = 256, 32
 
@@ -384,22 +383,3 @@ def _validate_diffusion(cfg: DecodeConfig) -> None:
     _require(isinstance(ng, int) and not isinstance(ng, bool) and (ng == 0 or 2 <= ng <= 8),
              f"no_repeat_ngram must be 0 (off) or a whole number 2..8 (got {ng!r})")
 
-
-def validate_prompt(prompt: Any) -> str:
-    """Text only: not empty, bounded, valid UTF-8, no control characters but tab and newlines."""
-    if isinstance(prompt, bytes):
-        try:
-            prompt = prompt.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ExplorerError("the prompt is not valid UTF-8 text") from None
-    _require(isinstance(prompt, str), "the prompt must be text")
-    _require(prompt.strip() != "", "the prompt is empty")
-    try:
-        prompt.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ExplorerError("the prompt is not valid UTF-8 text (it holds lone surrogates)") from None
-    bad = next((c for c in prompt if (ord(c) < 32 and c not in "\t\n\r") or 0x7F <= ord(c) < 0xA0), None)
-    _require(bad is None, f"the prompt contains a control character (U+{ord(bad or ' '):04X}); remove it")
-    _require(len(prompt) <= MAX_PROMPT_CHARS, f"the prompt is too long ({len(prompt)} characters; "
-             f"the limit is {MAX_PROMPT_CHARS})")
-    return prompt

@@ -143,7 +143,8 @@ class Words:
         """From each token's text."""
         keys: dict[str, int] = {}
         key = [keys.setdefault(w, len(keys)) if WORD.fullmatch(w := t.strip().lower()) else -1 for t in pieces]
-        return Words(torch.tensor(key), torch.tensor([t[:1].isspace() for t in pieces]))
+        starts = [t[:1].isspace() for t in pieces]
+        return Words(torch.tensor(key, device="cpu"), torch.tensor(starts, device="cpu"))  # a table, indexed on the CPU
 
     def repeat(self, a: int, b: int) -> bool:
         """Token b right after token a repeats a's word ("plants plants", "of of"). A token glued to a word ("1" "0"
@@ -154,14 +155,14 @@ class Words:
     def after(self, a: int) -> torch.Tensor:
         """(V,) bool: the tokens b with repeat(a, b)."""
         ka = int(self.key[a])
-        return (self.key == ka) & self.starts if ka >= 0 else torch.arange(len(self.key)) == a
+        return (self.key == ka) & self.starts if ka >= 0 else torch.arange(len(self.key), device=self.key.device) == a
 
     def before(self, b: int) -> torch.Tensor:
         """(V,) bool: the tokens a with repeat(a, b)."""
         kb = int(self.key[b])
         if kb < 0:
-            return torch.arange(len(self.key)) == b
-        return self.key == kb if bool(self.starts[b]) else torch.zeros(len(self.key), dtype=torch.bool)
+            return torch.arange(len(self.key), device=self.key.device) == b
+        return self.key == kb if bool(self.starts[b]) else torch.zeros_like(self.starts)
 
 
 def ban_repeats(logits: torch.Tensor, left: torch.Tensor, right: torch.Tensor, words: Words | None = None

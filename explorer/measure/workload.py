@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from explorer.decoding.config import MAX_PROMPT_CHARS
 from explorer.decoding.events import Trace
+from explorer.decoding.prompting import MAX_PROMPT_CHARS
 from explorer.errors import ExplorerError
 from explorer.runtime import ASSETS, Models
 
