@@ -47,8 +47,8 @@ def parse_settings(text: str) -> list[tuple[str, dict]]:
             key, _, value = pair.partition("=")
             key = key.strip()
             options[key] = (int(float(value)) if key in ("gamma", "draft_passes", "no_repeat_ngram")
-                            else value.strip() in ("1", "true")
-                            if key == "no_adjacent_repeat" else float(value))
+                            else value.strip() in ("1", "true") if key == "no_adjacent_repeat"
+                            else value.strip() if key == "cache" else float(value))
         out.append((item, options))
     return out
 

@@ -34,9 +34,12 @@ _WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or
 VLLM_PORTS = {"ngram": 18011 + 10 * _WORKER, "draft": 18012 + 10 * _WORKER}
 
 
-@pytest.fixture(scope="session")
-def vllm_servers():
-    """The tiny preset served by vLLM twice, n-gram and draft-model speculation (gamma 4), started side by side.
+_RUNNING: dict = {}  # spec -> EngineState of the servers this worker started
+
+
+def _serve(*specs: str) -> dict:
+    """The servers of ``specs`` (started side by side where not yet running in this worker), without vLLM's
+    torch.compile (``eager``: what the tests check is the protocol, the tokens and the counters, not the speed).
 
     EXPLORER_TEST_VLLM=ngram=URL,draft=URL uses servers already running instead (tiny preset, gamma 4): a
     faster loop while developing; CI always starts its own.
@@ -48,30 +51,49 @@ def vllm_servers():
 
     given = os.environ.get("EXPLORER_TEST_VLLM")
     if given:
-        yield {k: SimpleNamespace(url=v) for k, v in (pair.split("=", 1) for pair in given.split(","))}
-        return
-
-    for port in VLLM_PORTS.values():
-        stop_engine(port)  # one left by an interrupted run
-    with ThreadPoolExecutor(2) as pool:
-        futures = {spec: pool.submit(start_engine, "tiny", spec, 4, port, 400.0, say=lambda m: None)
-                   for spec, port in VLLM_PORTS.items()}
-        try:
-            states = {spec: f.result() for spec, f in futures.items()}
-        except BaseException:
-            for port in VLLM_PORTS.values():
-                stop_engine(port)
-            raise
-    yield states
-    for port in VLLM_PORTS.values():
-        stop_engine(port)
-
-
-@pytest.fixture(scope="session")
-def vllm_ngram(vllm_servers) -> str:
-    return vllm_servers["ngram"].url
+        urls = dict(pair.split("=", 1) for pair in given.split(","))
+        return {spec: SimpleNamespace(url=urls[spec]) for spec in specs}
+    todo = [spec for spec in specs if spec not in _RUNNING]
+    for spec in todo:
+        stop_engine(VLLM_PORTS[spec])  # one left by an interrupted run
+    if todo:
+        with ThreadPoolExecutor(len(todo)) as pool:
+            futures = {spec: pool.submit(start_engine, "tiny", spec, 4, VLLM_PORTS[spec], 400.0, say=lambda m: None,
+                                         eager=True)
+                       for spec in todo}
+            for spec, f in futures.items():
+                try:
+                    _RUNNING[spec] = f.result()
+                except BaseException:
+                    for port in VLLM_PORTS.values():
+                        stop_engine(port)
+                    raise
+    return {spec: _RUNNING[spec] for spec in specs}
 
 
 @pytest.fixture(scope="session")
-def vllm_draft(vllm_servers) -> str:
-    return vllm_servers["draft"].url
+def vllm_engines():
+    """Stops, at the end of the session, the servers that the fixtures below started (each only when a test asks
+    for it: a file that needs the n-gram server alone starts that one)."""
+    yield _RUNNING
+    from explorer.engine.server import stop_engine
+
+    for spec in list(_RUNNING):
+        stop_engine(VLLM_PORTS[spec])
+        del _RUNNING[spec]
+
+
+@pytest.fixture(scope="session")
+def vllm_servers(vllm_engines):
+    """The tiny preset served by vLLM twice, n-gram and draft-model speculation (gamma 4), started side by side."""
+    return _serve("ngram", "draft")
+
+
+@pytest.fixture(scope="session")
+def vllm_ngram(vllm_engines) -> str:
+    return _serve("ngram")["ngram"].url
+
+
+@pytest.fixture(scope="session")
+def vllm_draft(vllm_engines) -> str:
+    return _serve("draft")["draft"].url

@@ -159,10 +159,12 @@ def test_cache_reuse_is_real(random_models):
     n, block, steps = 16, 4, 8  # 4 blocks, 2 passes each; logits shifted: a cached pass starts one early
     fed = {c: fed_per_forward(random_models.diffusion, lambda c=c: explorer.decode(
         "diffusion", random_models, prompt, max_new_tokens=n, steps=steps, block_length=block, cache=c))
-        for c in ("none", "prefix", "dual")}
+        for c in ("none", "prefix", "dual", "delayed")}
     assert fed["none"] == [p + n] * steps
     assert fed["prefix"] == [x for b in range(4) for x in (p + n, n - b * block + 1)]
     assert fed["dual"] == [x for b in range(4) for x in (p + n, block + 1)]
+    # delayed: one full pass; then a block's first pass refeeds the block just finished with it (and one before)
+    assert fed["delayed"] == [p + n, block + 1] + [2 * block + 1, block + 1] * 3
     trace = explorer.decode("diffusion", random_models, prompt, max_new_tokens=n, steps=steps, block_length=block,
                             cache="dual")
     assert [e.fed_tokens for e in trace.events] == fed["dual"]
@@ -172,10 +174,26 @@ def test_cache_reuse_is_real(random_models):
     assert drafts[0] == p + 4 and all(f <= 1 + 5 + 4 for f in drafts[1:])
 
 
-@pytest.mark.parametrize("cache", ["prefix", "dual"])
-@pytest.mark.parametrize("options", [dict(max_new_tokens=16, steps=8, block_length=4),
-                                     dict(max_new_tokens=24, steps=12, block_length=8, temperature=0.9, seed=4),
-                                     dict(max_new_tokens=16, steps=16, threshold=0.3)])
+CACHE_RUNS = [dict(max_new_tokens=16, steps=8, block_length=4),
+              dict(max_new_tokens=24, steps=12, block_length=8, temperature=0.9, seed=4),
+              dict(max_new_tokens=16, steps=16, threshold=0.3)]
+
+
+@pytest.mark.parametrize("options", CACHE_RUNS)
+def test_the_delayed_cache_on_a_one_layer_denoiser_gives_the_output_of_none(random_models, options):
+    """One layer: every position's keys and values come from its own token alone, so a stored one is exact until its
+    token changes. The delayed cache refeeds each block once it is finished; had it kept a block's keys and values
+    from while it was masked, the next block would attend to masks there and the output would part from none's."""
+    tok = random_models.tokenizer
+    one = dataclasses.replace(random_models, diffusion=build_random_llama(len(tok), 64, 1, seed=3, is_causal=False,
+                                                                         eos_id=tok.eos_token_id))
+    ids = tok("import os\n").input_ids
+    none = run(decode_diffusion(one, ids, DecodeConfig(cache="none", **options)))[0].tokens
+    assert run(decode_diffusion(one, ids, DecodeConfig(cache="delayed", **options)))[0].tokens == none
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual", "delayed"])
+@pytest.mark.parametrize("options", CACHE_RUNS)
 def test_cache_refreshed_every_step_gives_the_output_of_none(random_models, cache, options):
     ids = random_models.tokenizer("import os\n").input_ids
     none = run(decode_diffusion(random_models, ids, DecodeConfig(cache="none", **options)))[0].tokens

@@ -26,6 +26,12 @@ HERE = Path(__file__).resolve().parent
 PROMPTS = [Prompt("p1", "def parse(line):"), Prompt("p2", "class Stack:"), Prompt("p3", "import os\n\ndef main():")]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def both_servers(vllm_servers):
+    """This file's tests use both servers: they start side by side, before the first test."""
+    return vllm_servers
+
+
 @pytest.fixture(scope="module")
 def tiny():
     return explorer.load_models("tiny")

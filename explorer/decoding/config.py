@@ -15,7 +15,7 @@ from explorer.errors import ExplorerError
 METHODS = ("autoregressive", "speculative", "diffusion")
 DRAFTERS = ("model", "prompt_lookup", "early_exit", "diffusion", "assistant")
 REMASKING = ("low_confidence", "random")
-CACHES = ("none", "prefix", "dual")  # diffusion KV cache (Fast-dLLM, Wu et al. 2025, Sec. 3.1)
+CACHES = ("none", "prefix", "dual", "delayed")  # diffusion KV cache (Fast-dLLM, Wu et al. 2025, Sec. 3.1; dKV-Cache)
 # The cache when the option is None, wherever the model takes a KV cache: "dual", the measured choice (2.1x at
 # N = 128 on tiny and 2.75x at N = 64 on smollm2-135m, perplexity unchanged: BENCHMARKS.md, diffusion KV cache).
 DEFAULT_CACHE = "dual"
@@ -188,7 +188,8 @@ class DecodeConfig:
         None, SPEC + DIFF, "diffusion KV cache (the diffusion lane's and the diffusion drafter's): "
         f"{', '.join(CACHES)} (default: {DEFAULT_CACHE!r} where the model takes one)",
         Control("choice", "KV cache (Fast-dLLM)", choices=CACHES, default=DEFAULT_CACHE,
-                info="prefix: prompt and finished blocks; dual: also the masked suffix. Approximate."), _cache_applies)
+                info="prefix: prompt and finished blocks; dual: also the masked suffix; delayed: dual, but a block's first "
+                     "pass refeeds only the block just finished. Approximate."), _cache_applies)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -124,17 +124,45 @@ def denoise(model: nn.Module, x: torch.Tensor, start: int, end: int, rows: list[
 
 
 def fill_cache(model: nn.Module, x: torch.Tensor, start: int, end: int,
-               rows: list[int]) -> tuple[torch.Tensor, float, int, DynamicCache]:
-    """A full pass over x; also returns the keys and values of every position outside [start, end)."""
+               rows: list[int], store: list | None = None) -> tuple[torch.Tensor, float, int, DynamicCache]:
+    """A full pass over x; also returns the keys and values of every position outside [start, end). ``store``: a
+    list that receives every layer's keys and values of the whole canvas (``refresh_window`` updates them)."""
     full = DynamicCache()
     logits, dt, fed = denoise(model, x, 0, x.shape[1], rows, full, fill=True)
-    full_len = x.shape[1]
-    outside = torch.cat([torch.arange(start, device=x.device), torch.arange(end, full_len, device=x.device)])
+    if store is not None:
+        store[:] = [(layer.keys, layer.values) for layer in full.layers]
+    return logits, dt, fed, cache_outside(full.layers, start, end)
+
+
+def cache_outside(layers, start: int, end: int) -> DynamicCache:
+    """A cache of the keys and values (``layers``: .keys / .values, or (keys, values) pairs, over the whole canvas in
+    position order) of every position outside [start, end)."""
     kept = DynamicCache()
     with torch.inference_mode():
-        for i, layer in enumerate(full.layers):
-            kept.update(layer.keys[:, :, outside], layer.values[:, :, outside], i)
-    return logits, dt, fed, kept
+        for i, layer in enumerate(layers):
+            keys, values = (layer.keys, layer.values) if hasattr(layer, "keys") else layer
+            kept.update(torch.cat([keys[:, :, :start], keys[:, :, end:]], 2),
+                        torch.cat([values[:, :, :start], values[:, :, end:]], 2), i)
+    return kept
+
+
+def refresh_window(model: nn.Module, x: torch.Tensor, store: list, refresh: int, start: int, end: int,
+                   rows: list[int]) -> tuple[torch.Tensor, float, int, DynamicCache]:
+    """Option cache "delayed" (after dKV-Cache, Ma et al. 2025: a token's keys and values are cached once it is
+    decoded, a step late): a block's first pass feeds x[refresh:end] (the block just finished and this one) against
+    the stored keys and values of everything else; the finished block's new ones, [refresh, start), replace the
+    stored ones, and the cache for the block's other passes is every position outside [start, end)."""
+    window = DynamicCache()
+    with torch.inference_mode():
+        for i, (keys, values) in enumerate(store):
+            window.update(torch.cat([keys[:, :, :refresh], keys[:, :, end:]], 2),
+                          torch.cat([values[:, :, :refresh], values[:, :, end:]], 2), i)
+    logits, dt, fed = denoise(model, x, refresh, end, rows, window, fill=True)
+    with torch.inference_mode():
+        for (keys, values), layer in zip(store, window.layers, strict=True):
+            fresh = slice(layer.keys.shape[2] - (end - refresh), layer.keys.shape[2] - (end - start))
+            keys[:, :, refresh:start], values[:, :, refresh:start] = layer.keys[:, :, fresh], layer.values[:, :, fresh]
+    return logits, dt, fed, cache_outside(store, start, end)
 
 
 def answer_ended(x: torch.Tensor, p_len: int, mask_id: int, eos: int | None) -> bool:
@@ -179,6 +207,7 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig, r
         int(bool(models.diffusion_shift)), p_len + n
     revealed_t = [0.0] * n
     passes, forward_s, step, fed_total = 0, 0.0, 0, 0
+    store: list = []  # option "delayed": every layer's keys and values of the whole canvas, as last fed
     for block in range(blocks):
         if stop_at_end and answer_ended(x, p_len, mask_id, eos):
             break
@@ -187,13 +216,16 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig, r
         start, end = lo - shift, (total if mode == "prefix" else lo + block_len)  # what a cached pass feeds
         schedule = reveal_schedule(block_len, steps_per_block)
         s, cache = 0, None
+        refresh = max(p_len, lo - block_len) - shift  # option "delayed": the finished block, refed with this one
         revoked = torch.zeros(block_len, dtype=torch.bool, device=x.device)  # masked again by a pass of this block
         while bool((x[0, lo:lo + block_len] == mask_id).any()) and not (
                 stop_at_end and answer_ended(x, p_len, mask_id, eos)):
             if mode == "none":
                 logits, dt, fed = denoise(model, x, 0, total, rows)
+            elif mode == "delayed" and cache is None and store and not refresh_every_step:
+                logits, dt, fed, cache = refresh_window(model, x, store, refresh, start, end, rows)
             elif cache is None or refresh_every_step:  # the block's first step: a full pass fills the cache
-                logits, dt, fed, cache = fill_cache(model, x, start, end, rows)
+                logits, dt, fed, cache = fill_cache(model, x, start, end, rows, store)
                 if refresh_every_step:
                     logits, dt2, fed2 = denoise(model, x, start, end, rows, cache)
                     dt, fed = dt + dt2, fed + fed2

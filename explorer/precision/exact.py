@@ -161,9 +161,9 @@ class LeanLayer(nn.Module):
     """A whole Llama decoder layer in two kernel calls, the KV cache appended between them (transformers'
     ``Cache.update``): the same arithmetic as FusedAttention + FusedMLP row by row, in far fewer Python-level ops."""
 
-    def __init__(self, layer: nn.Module, attention: FusedAttention, mlp: FusedMLP):
+    def __init__(self, layer: nn.Module, attention: FusedAttention, mlp: FusedMLP, causal: bool = True):
         super().__init__()
-        self.attention, self.mlp = attention, mlp
+        self.attention, self.mlp, self.causal = attention, mlp, causal
         self.input_norm, self.post_norm = layer.input_layernorm.weight.detach().float(), \
             layer.post_attention_layernorm.weight.detach().float()
         self.eps = float(layer.input_layernorm.variance_epsilon)
@@ -192,7 +192,11 @@ class LeanLayer(nn.Module):
         q, k, v = ext.pre_attention(hidden_states, *pre, *position_embeddings, *heads)  # (1, H, M, D), (1, Hkv, M, D)
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, layer)
-        visible = visible_keys(kwargs.get("attention_mask"))  # None: causal; else a tree's (M, L) mask
+        mask = kwargs.get("attention_mask")
+        if self.causal or isinstance(mask, torch.Tensor) and mask.ndim == 4:
+            visible = visible_keys(mask)  # None: causal; else a tree's (M, L) mask (or a bidirectional one's)
+        else:  # a bidirectional model (diffusion) with no mask: every position sees every key
+            visible = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device)
         return ext.post_attention(hidden_states, q, k, v, scaling, *post, visible)
 
 
@@ -252,8 +256,10 @@ def use_kernels_in_eagle_head(head: nn.Module, fmt: str) -> nn.Module:
 def use_kernels_in_diffusion(model: nn.Module, fmt: str) -> nn.Module:
     """A transformers diffusion model (the bidirectional copy of the target that a diffusion adapter makes) with
     every linear layer, its LM head included, on the kernels in ``fmt``: the target's weight format, so the page
-    times both paradigms at one precision. Its attention stays torch's (bidirectional), in float32; nothing here
-    needs row invariance, only the speed of the format. The input embedding stays float32."""
+    times both paradigms at one precision. A transformers Llama with SwiGLU runs each layer as a LeanLayer that sees
+    every key (bidirectional: two kernel calls a layer, as the target); any other model keeps torch's attention in
+    float32 with its linear layers on the kernels. Nothing here needs row invariance, only the speed of the format.
+    The input embedding stays float32."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown weight format {fmt!r}")
     linears = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
@@ -262,6 +268,13 @@ def use_kernels_in_diffusion(model: nn.Module, fmt: str) -> nn.Module:
         raise ValueError("the diffusion model's linear layers must be bias-free (Llama family)")
     kernels.load()
     model.float()
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is not None and type(model).__module__.startswith("transformers.models.llama") and \
+            getattr(model.config, "hidden_act", "silu") == "silu":  # each layer in two kernel calls, as the target's
+        for i, layer in enumerate(layers):
+            layers[i] = LeanLayer(layer, FusedAttention(layer.self_attn, fmt), FusedMLP(layer.mlp, fmt), causal=False)
+        model.model.register_forward_pre_hook(_new_pass)
+        linears = [(model, "lm_head", model.lm_head)]
     for parent, name, child in linears:
         setattr(parent, name, RowInvariantLinear(child.weight, fmt))
     model.config.tie_word_embeddings = False
