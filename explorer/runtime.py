@@ -52,6 +52,7 @@ class Preset:
     diffusion_sampler: str = "confidence"  # the lane's sampler (decoding/unmasking.py)
     diffusion_no_adjacent_repeat: bool = False  # and whether it bans a neighbour's token
     diffusion_no_repeat_ngram: int = 0  # and the n of the n-grams it never repeats (0: off)
+    diffusion_cache: str | None = None  # and its KV cache (None: decoding.config.DEFAULT_CACHE)
     # the diffusion model in bfloat16 on a CPU with native bf16 (AVX512-BF16 / AMX) when no dtype is asked for:
     # its passes over a whole block are compute-bound there and bf16 halves them (measured in the model card)
     diffusion_bf16_on_cpu: bool = False

@@ -277,6 +277,8 @@ def test_the_drafter_gamma_and_diffusion_controls_follow_the_preset():
     assert start.no_adjacent_repeat is smollm2.diffusion_no_adjacent_repeat is True
     assert got["no_repeat_ngram"]["value"] == preset.diffusion_no_repeat_ngram == 0
     assert start.no_repeat_ngram == smollm2.diffusion_no_repeat_ngram == 4
+    assert got["cache"]["value"] == "dual" and preset.diffusion_cache is None  # the option's default
+    assert start.cache == smollm2.diffusion_cache == "delayed"
     info, drafter, *_ = lane_settings.describe_preset("tiny", progress=None)
     assert "assistant" not in drafter["choices"]
 

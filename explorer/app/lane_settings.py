@@ -13,6 +13,7 @@ import explorer
 from explorer.app import plots
 from explorer.decoding.api import make_config, model_dtype
 from explorer.decoding.config import (
+    DEFAULT_CACHE,
     METHODS,
     OPTIONS,
     Control,
@@ -104,12 +105,13 @@ PRESET_CONTROLS = {"drafter": "drafter", "gamma": "gamma", "draft_confidence": "
                    "tokens_per_step": "diffusion_tokens_per_step", "blocks": "diffusion_blocks",
                    "threshold": "diffusion_threshold", "sampler": "diffusion_sampler",
                    "no_adjacent_repeat": "diffusion_no_adjacent_repeat",
-                   "no_repeat_ngram": "diffusion_no_repeat_ngram"}
+                   "no_repeat_ngram": "diffusion_no_repeat_ngram", "cache": "diffusion_cache"}
 
 
 def _preset_values(preset: Any) -> dict[str, Any]:
     controls = {page: c for page, _, c in PAGE}
     values = {page: getattr(preset, attr) for page, attr in PRESET_CONTROLS.items()}
+    values["cache"] = values["cache"] or DEFAULT_CACHE  # the dropdown has no "off"
     return {page: controls[page].off if v is None else v for page, v in values.items()}
 
 

@@ -299,14 +299,17 @@ def lane_default_config(models: Models, n: int, block: int) -> list[RunConfig]:
     """The app's diffusion lane as the preset starts it (its threshold, no word twice in a row and no repeated
     n-gram where it bans those), where that is not one of the sampler rows already."""
     p = models.preset
-    if not p.diffusion_threshold and not p.diffusion_no_adjacent_repeat and not p.diffusion_no_repeat_ngram:
+    if not p.diffusion_threshold and not p.diffusion_no_adjacent_repeat and not p.diffusion_no_repeat_ngram \
+            and not p.diffusion_cache:
         return []
     options = {"steps": n, "block_length": block, "sampler": p.diffusion_sampler,
                "threshold": p.diffusion_threshold or None, "no_adjacent_repeat": p.diffusion_no_adjacent_repeat}
     options.update({"no_repeat_ngram": p.diffusion_no_repeat_ngram} if p.diffusion_no_repeat_ngram else {})
+    options.update({"cache": p.diffusion_cache} if p.diffusion_cache else {})
     shown = [f"threshold {p.diffusion_threshold:g}"] if p.diffusion_threshold else []
     shown += ["no word twice in a row"] if p.diffusion_no_adjacent_repeat else []
     shown += [f"no {p.diffusion_no_repeat_ngram}-token phrase twice"] if p.diffusion_no_repeat_ngram else []
+    shown += [f"the {p.diffusion_cache} cache"] if p.diffusion_cache else []
     return [RunConfig("diffusion", f"the lane's default: {p.diffusion_sampler}, {', '.join(shown)}", options, x=0)]
 
 
