@@ -188,8 +188,8 @@ class DecodeConfig:
         None, SPEC + DIFF, "diffusion KV cache (the diffusion lane's and the diffusion drafter's): "
         f"{', '.join(CACHES)} (default: {DEFAULT_CACHE!r} where the model takes one)",
         Control("choice", "KV cache (Fast-dLLM)", choices=CACHES, default=DEFAULT_CACHE,
-                info="prefix: prompt and finished blocks; dual: also the masked suffix; delayed: dual, but a block's first "
-                     "pass refeeds only the block just finished. Approximate."), _cache_applies)
+                info="prefix: prompt and finished blocks; dual: also the masked suffix; delayed: dual, but a "
+                     "block's first pass refeeds only the block just finished. Approximate."), _cache_applies)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
