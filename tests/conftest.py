@@ -67,6 +67,7 @@ def _serve(*specs: str) -> dict:
                 except BaseException:
                     for port in VLLM_PORTS.values():
                         stop_engine(port)
+                    _RUNNING.clear()  # none of them serves now
                     raise
     return {spec: _RUNNING[spec] for spec in specs}
 
