@@ -102,8 +102,8 @@ def test_a_repeat_avoided_and_a_neighbour_held_back_are_said():
                           held=(5,), held_tokens=(7,), avoided=(4,), avoided_tokens=(2,))
     view = render.LaneView("diffusion", [step], "p", piece, 8, total_steps=8, options={"no_adjacent_repeat": True})
     text = said([view], "diffusion")
-    assert ("<code>a</code> at position 5 rather than " + B + ", which its neighbour holds (never the same word "
-            "twice in a row).") in text
+    assert ("<code>a</code> at position 5 rather than " + B + ", which its neighbour holds, or the word across the "
+            "punctuation beside it (never the same word twice in a row).") in text
     assert "<code>z</code> at position 6 held back: a neighbour got the same word in this pass." in text
 
 

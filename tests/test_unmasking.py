@@ -14,9 +14,11 @@ from explorer.decoding.unmasking import (
     Pass,
     Plan,
     Words,
+    across_punctuation,
     apart_ngrams,
     apart_repeats,
     ban_repeats,
+    ban_words,
     by_confidence,
     by_entropy,
     dilated,
@@ -159,6 +161,23 @@ def test_the_same_word_is_known_in_any_spelling_and_a_glued_digit_repeats_nothin
     assert apart_repeats(Plan((0, 1, 2)), torch.tensor([1, 2, 6]), confidence, words).held == (1,)
     assert apart_repeats(Plan((0, 1, 2)), torch.tensor([3, 3, 6]), confidence, words).held == ()
     assert apart_repeats(Plan((0, 1, 2)), torch.tensor([3, 3, 6]), confidence).held == (1,)  # no words: the token
+
+
+def test_the_word_across_punctuation_is_found_on_either_side_within_reach():
+    """Hand-worked on PIECES: in "plants , [mask]" the word left of the mask across the comma is "plants" (0); in
+    "[mask] , , , , sun" four commas are past the reach of 3; a masked token between ends the search; a word right
+    beside the mask is the neighbour's ban, not this one (-1)."""
+    words = Words.of(PIECES)
+    assert across_punctuation([0, 4, -1], 2, -1, words) == 0
+    assert across_punctuation([-1, 4, 6], 0, 1, words) == 6
+    assert across_punctuation([-1, 4, 4, 4, 6], 0, 1, words) == 6
+    assert across_punctuation([-1, 4, 4, 4, 4, 6], 0, 1, words) == -1
+    assert across_punctuation([0, -1, 4, -1], 3, -1, words) == -1
+    assert across_punctuation([0, -1], 1, -1, words) == -1
+    # across the comma every spelling is out, "plants" without a space too (after punctuation it starts a word)
+    out = ban_words(torch.zeros(2, 7), [(across_punctuation([0, 4, -1], 2, -1, words), -1), (-1, 3)], words)
+    assert torch.isneginf(out).tolist() == [[True, True, True, False, False, False, False],
+                                            [False, False, False, True, False, False, False]]  # "0 , 0" too
 
 
 def test_two_neighbours_with_the_same_token_are_not_revealed_in_one_pass():

@@ -97,7 +97,8 @@ def _narrate_diffusion(view: LaneView) -> str:
     avoided = "".join(f" {_quote(view.piece(shown_pos[p]))} at position {p + 1} rather than {_quote(view.piece(t))}, "
                       + (f"which would repeat {_quote(''.join(view.piece(x) for x in g))} (never the same "
                          f"{len(g)} tokens twice)." if g else
-                         "which its neighbour holds (never the same word twice in a row).")
+                         "which its neighbour holds, or the word across the punctuation beside it (never the same word "
+                         "twice in a row).")
                       for p, t, g in zip(e.avoided, e.avoided_tokens, phrases, strict=True) if p in shown_pos)
     clash = ("with a token revealed beside it in this pass it would repeat a token or a phrase"
              if view.options.get("no_repeat_ngram") else "a neighbour got the same word in this pass")

@@ -9,8 +9,9 @@ float64 (categorical noise in low precision biases the sample). With ``threshold
 confidence exceeds the threshold, at least one. Models that predict the next position (Dream,
 AR-adapted denoisers) have their logits shifted right by one. Which positions a pass commits is the
 ``sampler``'s rule (unmasking.py); ``no_adjacent_repeat`` takes out, before any rule ranks, the word a
-filled neighbour holds (in any case or spacing: "plants" then " Plants"; a digit glued to a digit is no repeat),
-and keeps two neighbours from getting the same word in one pass; ``no_repeat_ngram``
+filled neighbour holds (in any case or spacing: "plants" then " Plants"; a digit glued to a digit is no repeat) or
+the nearest word holds across 1-3 filled punctuation tokens ("plants, plants", "8, 8"), and keeps two neighbours
+from getting the same word in one pass; ``no_repeat_ngram``
 takes out every token that would complete an n-gram the answer already holds, and keeps the tokens revealed together
 from making one.
 
@@ -37,7 +38,16 @@ from explorer.decoding.config import DEFAULT_CACHE, DecodeConfig
 from explorer.decoding.events import DecodeResult, Event, RefinementStep
 from explorer.decoding.registry import diffusion_sampler
 from explorer.decoding.sampling import fast_argmax, make_generator, sanitize_logits, warp_logits
-from explorer.decoding.unmasking import Pass, Words, ban_repeats, ngram_bans, plan_pass, repeated_ngram
+from explorer.decoding.unmasking import (
+    Pass,
+    Words,
+    across_punctuation,
+    ban_repeats,
+    ban_words,
+    ngram_bans,
+    plan_pass,
+    repeated_ngram,
+)
 from explorer.errors import ExplorerError
 from explorer.runtime import Models, timed_forward
 
@@ -236,6 +246,10 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig, r
                 left, right = neighbours(x, lo, block_len, p_len, mask_id)
                 words = word_table(models.diffusion_tokenizer, logits.shape[-1])
                 logits = ban_repeats(logits, left, right, words)
+                canvas, b0 = [-1 if t == mask_id else t for t in x[0, p_len:].tolist()], lo - p_len
+                far = [(across_punctuation(canvas, b0 + i, -1, words), across_punctuation(canvas, b0 + i, 1, words))
+                       if canvas[b0 + i] < 0 else (-1, -1) for i in range(block_len)]  # "plants, plants"
+                logits = ban_words(logits, far, words) if any(a >= 0 or b >= 0 for a, b in far) else logits
             if cfg.no_repeat_ngram:  # never a token that completes an n-gram the answer holds (unmasking.py)
                 answer = [-1 if t == mask_id else t for t in x[0, p_len:].tolist()]
                 bans = ngram_bans(answer, range(lo - p_len, lo - p_len + block_len), cfg.no_repeat_ngram, free)

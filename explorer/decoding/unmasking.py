@@ -165,6 +165,30 @@ class Words:
         return self.key == kb if bool(self.starts[b]) else torch.zeros_like(self.starts)
 
 
+def across_punctuation(answer: list[int], i: int, step: int, words: Words, reach: int = 3) -> int:
+    """The word nearest position i of ``answer`` (-1 = masked) on one side (``step`` -1: left, +1: right) with only
+    filled tokens that are no word between (punctuation, whitespace: 1 to ``reach`` of them), or -1: the word that
+    "plants, plants" or "language. Language" would repeat, which the repeat rate counts and the neighbour's ban
+    does not see."""
+    j, skipped = i + step, 0
+    while 0 <= j < len(answer) and answer[j] >= 0 and int(words.key[answer[j]]) < 0:
+        j, skipped = j + step, skipped + 1
+    inside = 0 <= j < len(answer) and answer[j] >= 0
+    return answer[j] if inside and 1 <= skipped <= reach else -1
+
+
+def ban_words(logits: torch.Tensor, far: list[tuple[int, int]], words: Words) -> torch.Tensor:
+    """The block's logits (B, V) with, for each position, every spelling of the words in ``far`` (its
+    ``across_punctuation`` word on the left and on the right, -1: none) taken out: across punctuation or a line break
+    a token starts a new word whether or not it carries a space ("language.\nLanguage", "8, 8")."""
+    out = logits.clone()
+    for row, sides in enumerate(far):
+        for t in filter(lambda t: t >= 0, sides):
+            hit = words.key == words.key[t]
+            out[row, :len(hit)][hit.to(out.device)] = float("-inf")
+    return out
+
+
 def ban_repeats(logits: torch.Tensor, left: torch.Tensor, right: torch.Tensor, words: Words | None = None
                 ) -> torch.Tensor:
     """The block's logits (B, V) with each position's filled neighbours' words taken out (``left`` and ``right``:
