@@ -63,7 +63,7 @@ PRESETS: dict[str, Preset] = {
                diffusion_tokens_per_step=1, diffusion_blocks=8, diffusion_bf16_on_cpu=True, exact_on_cpu=True,
                # threshold 0.5, no word twice in a row and no 4-token phrase twice: as fast as threshold 0.6 with
                # the word ban alone (1.31 tokens a pass), distinct 3-grams 0.91 / 0.93 against 0.74 / 0.73, repeated
-               # words alike; the delayed cache: 1.38x autoregressive's wall time against the dual cache's 1.80x,
+               # words alike; the delayed cache: 1.35x autoregressive's wall time against the dual cache's 1.69x,
                # perplexity and distinct 3-grams alike (BENCHMARKS.md, diffusion samplers)
                diffusion_threshold=0.5, diffusion_no_adjacent_repeat=True, diffusion_no_repeat_ngram=4,
                diffusion_cache="delayed"),
