@@ -269,6 +269,38 @@ def test_a_pass_that_reveals_nothing_raises_within_one_pass_instead_of_hanging(r
     assert bad_calls == [len(calls)] and "\n" not in str(info.value)  # raised in the pass that did it
 
 
+class FavouriteLogits(torch.nn.Module):
+    """A denoiser whose row j prefers ``first[j]`` (logit 10), then ``second`` (logit 5)."""
+
+    def __init__(self, vocab, first, second):
+        super().__init__()
+        self.vocab, self.first, self.second = vocab, torch.tensor(first), second
+        self.config = types.SimpleNamespace(max_position_embeddings=512, mask_token_id=None)
+
+    def forward(self, input_ids, **kwargs):
+        length = input_ids.shape[1]
+        logits = torch.zeros(1, length, self.vocab)
+        logits[..., self.second] = 5.0
+        logits[0, torch.arange(length), self.first[:length]] = 10.0
+        return types.SimpleNamespace(logits=logits)
+
+
+def test_no_word_twice_in_a_row_looks_across_punctuation(random_models):
+    """Hand-worked, byte tokens, revealed left to right: a denoiser that wants "a" "," "a" after the prompt "x" writes
+    "a,a" without the ban and "a,b" with it (the word across the comma is "a"); "a" "a" glued is one word ("aa")."""
+    tok = random_models.tokenizer
+    (x,), (a,), (comma,), (b,) = (tok(t).input_ids for t in ("x", "a", ",", "b"))
+    def decode(favourite, **ban):
+        models = Models(random_models.preset, tok, random_models.target, None,
+                        FavouriteLogits(len(tok), [x, *favourite], b), tok, torch.device("cpu"), torch.float32)
+        n = len(favourite)
+        return explorer.decode("diffusion", models, "x", max_new_tokens=n, steps=n, block_length=1, cache="none",
+                               **ban).token_ids
+    assert decode([a, comma, a]) == [a, comma, a]
+    assert decode([a, comma, a], no_adjacent_repeat=True) == [a, comma, b]
+    assert decode([a, a], no_adjacent_repeat=True) == [a, a]
+
+
 def test_no_word_twice_in_a_row_still_writes_a_number_with_a_repeated_digit():
     """SmolLM2 writes 1000 as four digit tokens: a ban of the neighbour's token would give "1090"; a ban of the
     neighbour's word lets a digit follow the same digit, and still never "plants plants" (its two spellings)."""
