@@ -139,18 +139,18 @@ def fill_cache(model: nn.Module, x: torch.Tensor, start: int, end: int,
     list that receives every layer's keys and values of the whole canvas (``refresh_window`` updates them)."""
     full = DynamicCache()
     logits, dt, fed = denoise(model, x, 0, x.shape[1], rows, full, fill=True)
+    layers = [(layer.keys, layer.values) for layer in full.layers]
     if store is not None:
-        store[:] = [(layer.keys, layer.values) for layer in full.layers]
-    return logits, dt, fed, cache_outside(full.layers, start, end)
+        store[:] = layers
+    return logits, dt, fed, cache_outside(layers, start, end)
 
 
-def cache_outside(layers, start: int, end: int) -> DynamicCache:
-    """A cache of the keys and values (``layers``: .keys / .values, or (keys, values) pairs, over the whole canvas in
-    position order) of every position outside [start, end)."""
+def cache_outside(layers: list, start: int, end: int) -> DynamicCache:
+    """A cache of the keys and values (``layers``: a (keys, values) pair a layer, over the whole canvas in position
+    order) of every position outside [start, end)."""
     kept = DynamicCache()
     with torch.inference_mode():
-        for i, layer in enumerate(layers):
-            keys, values = (layer.keys, layer.values) if hasattr(layer, "keys") else layer
+        for i, (keys, values) in enumerate(layers):
             kept.update(torch.cat([keys[:, :, :start], keys[:, :, end:]], 2),
                         torch.cat([values[:, :, :start], values[:, :, end:]], 2), i)
     return kept
@@ -162,11 +162,7 @@ def refresh_window(model: nn.Module, x: torch.Tensor, store: list, refresh: int,
     decoded, a step late): a block's first pass feeds x[refresh:end] (the block just finished and this one) against
     the stored keys and values of everything else; the finished block's new ones, [refresh, start), replace the
     stored ones, and the cache for the block's other passes is every position outside [start, end)."""
-    window = DynamicCache()
-    with torch.inference_mode():
-        for i, (keys, values) in enumerate(store):
-            window.update(torch.cat([keys[:, :, :refresh], keys[:, :, end:]], 2),
-                          torch.cat([values[:, :, :refresh], values[:, :, end:]], 2), i)
+    window = cache_outside(store, refresh, end)
     logits, dt, fed = denoise(model, x, refresh, end, rows, window, fill=True)
     with torch.inference_mode():
         for (keys, values), layer in zip(store, window.layers, strict=True):
@@ -242,16 +238,18 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig, r
             else:
                 logits, dt, fed = denoise(model, x, start, end, rows, cache)
             likeliest, answer, phrases, words = logits.argmax(-1), None, {}, None
+            b0 = lo - p_len  # the block's first position in the answer
+            canvas = [-1 if t == mask_id else t for t in x[0, p_len:].tolist()] \
+                if cfg.no_adjacent_repeat or cfg.no_repeat_ngram else []  # the answer, -1 where masked
             if cfg.no_adjacent_repeat:  # never a filled neighbour's word (unmasking.py)
                 left, right = neighbours(x, lo, block_len, p_len, mask_id)
                 words = word_table(models.diffusion_tokenizer, logits.shape[-1])
                 logits = ban_repeats(logits, left, right, words)
-                canvas, b0 = [-1 if t == mask_id else t for t in x[0, p_len:].tolist()], lo - p_len
                 far = [(across_punctuation(canvas, b0 + i, -1, words), across_punctuation(canvas, b0 + i, 1, words))
                        if canvas[b0 + i] < 0 else (-1, -1) for i in range(block_len)]  # "plants, plants"
                 logits = ban_words(logits, far, words) if any(a >= 0 or b >= 0 for a, b in far) else logits
             if cfg.no_repeat_ngram:  # never a token that completes an n-gram the answer holds (unmasking.py)
-                answer = [-1 if t == mask_id else t for t in x[0, p_len:].tolist()]
+                answer = canvas
                 bans = ngram_bans(answer, range(lo - p_len, lo - p_len + block_len), cfg.no_repeat_ngram, free)
                 logits = logits.clone() if bans else logits
                 for i, hit in bans.items():
