@@ -373,12 +373,15 @@ def test_the_page_reads_how_it_was_launched_and_who_asks(app, engines, environme
     assert len(engine.hits) == hits
 
 
-def test_the_batch_column_is_the_streams_that_overlapped_with_the_gauge_beside_it():
-    """Issue 23: the gauge polled every 0.1 s read 0.7 / 0.0 / 0.5 at concurrency 1 / 2 / 4; the column now shows
-    the streams that overlapped (bench.max_streaming), an integer, with the gauge's mean beside it."""
+def test_the_batch_column_is_the_streams_that_overlapped_with_the_engines_mean_beside_it():
+    """Issue 23: the gauge polled every 0.1 s read 0.7 / 0.0 / 0.5 at concurrency 1 / 2 / 4; the column shows the
+    streams that overlapped (bench.max_streaming), an integer, with the mean batch on the engine's clock beside it,
+    or the gauge's mean where the server does not time its requests."""
     from explorer.app.engine_tab import workload_table
 
     row = {"label": "spec", "concurrency": 4, "requests": 8, "errors": 0, "throughput_tok_s": 50.0,
            "e2e_p50_ms": 100.0, "e2e_p99_ms": 200.0, "itl_p50_ms": 5.0, "itl_p99_ms": 9.0, "ttft_p99_ms": 30.0,
-           "mean_running": 0.5, "max_streaming": 4, "tokens_per_chunk_inferred": 1.5, "acceptance": 0.4}
-    assert workload_table([row])["batch"].tolist() == ["4 (gauge 0.5)"]
+           "mean_running": 0.5, "max_streaming": 4, "tokens_per_chunk_inferred": 1.5, "acceptance": 0.4,
+           "engine_batch": 3.26}
+    assert workload_table([row])["batch"].tolist() == ["4 (mean 3.3)"]
+    assert workload_table([{**row, "engine_batch": float("nan")}])["batch"].tolist() == ["4 (gauge 0.5)"]

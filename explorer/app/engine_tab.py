@@ -264,11 +264,12 @@ def _num(value: Any, fmt: str = "{:.0f}") -> str:
 
 def batch_cell(row: dict[str, Any]) -> str:
     """The batch the engine ran: the most token streams that overlapped in time (from the stream's own stamps,
-    ``bench.max_streaming``), with the polled vllm:num_requests_running gauge's mean beside it."""
+    ``bench.max_streaming``), with its mean beside it: Little's law on the engine's clock (``engine_batch``), or the
+    polled vllm:num_requests_running gauge's mean where the server does not time its requests."""
     streams = row.get("max_streaming")
-    gauge = _num(row.get("mean_running"), "{:.1f}")
-    return f"{int(streams)} (gauge {gauge})" if isinstance(streams, (int, float)) and streams == streams else \
-        f"gauge {gauge}"
+    engine = _num(row.get("engine_batch"), "{:.1f}")
+    mean = f"mean {engine}" if engine != "–" else f"gauge {_num(row.get('mean_running'), '{:.1f}')}"
+    return f"{int(streams)} ({mean})" if isinstance(streams, (int, float)) and streams == streams else mean
 
 
 def workload_table(rows: list[dict[str, Any]], running: set[tuple[str, int]] = frozenset()) -> pd.DataFrame:

@@ -158,7 +158,8 @@ def _bench(args: argparse.Namespace) -> int:
     if args.report:
         header = {"started": started, "client machine": f"{cpu_name()}, {os.cpu_count()} CPUs",
                   "servers": "; ".join(f"{t.label}: {t.url} ({t.model})" for t in targets)
-                  + " (the batch each ran is the table's mean_running)",
+                  + " (the batch each ran is the table's engine_batch: the seconds its requests were scheduled,"
+                  " summed, over the wall time)",
                   "prompts": f"{args.prompts} ({len(prompts)})", "concurrency": args.concurrency,
                   "repeats": str(args.repeats), "max tokens": str(args.max_tokens),
                   "temperature": str(args.temperature), "chat": str(chat)}
@@ -198,9 +199,9 @@ def _predictions(preset: str | None, engines: dict, rows: list[dict], c0: int, c
 def _print_rows(rows, predicted) -> None:
     cols = [("label", "{}", 26), ("concurrency", "{}", 4), ("requests", "{}", 5), ("throughput_tok_s", "{:.1f}", 8),
             ("e2e_p50_ms", "{:.0f}", 7), ("e2e_p99_ms", "{:.0f}", 7), ("itl_p50_ms", "{:.1f}", 7),
-            ("itl_p99_ms", "{:.1f}", 7), ("ttft_p99_ms", "{:.0f}", 7), ("mean_running", "{:.1f}", 5),
+            ("itl_p99_ms", "{:.1f}", 7), ("ttft_p99_ms", "{:.0f}", 7), ("engine_batch", "{:.1f}", 5),
             ("acceptance", "{:.3f}", 11), ("speedup_throughput", "{:.2f}", 6)]
-    heads = {"concurrency": "c", "requests": "n", "throughput_tok_s": "tok/s", "mean_running": "batch",
+    heads = {"concurrency": "c", "requests": "n", "throughput_tok_s": "tok/s", "engine_batch": "batch",
              "speedup_throughput": "gain", "acceptance": "acceptance"}
     print("  ".join(f"{heads.get(n, n.replace('_ms', '')):>{w}}" for n, _, w in cols))
     for r in rows:

@@ -55,6 +55,7 @@ class MetricsSnapshot:
     running: float | None  # vllm:num_requests_running (the batch the engine runs now)
     waiting: float | None
     is_vllm: bool
+    busy_s: float | None = None  # vllm:request_inference_time_seconds_sum: seconds finished requests were scheduled
 
 
 def parse_metrics(text: str) -> MetricsSnapshot:
@@ -74,7 +75,7 @@ def parse_metrics(text: str) -> MetricsSnapshot:
         spec = SpecCounters(sums[SPEC + "num_drafts_total"], sums.get(SPEC + "num_draft_tokens_total", 0.0),
                             sums.get(SPEC + "num_accepted_tokens_total", 0.0), per_pos)
     return MetricsSnapshot(spec, sums.get("vllm:num_requests_running"), sums.get("vllm:num_requests_waiting"),
-                           is_vllm)
+                           is_vllm, sums.get("vllm:request_inference_time_seconds_sum"))
 
 
 def scrape(url: str, timeout: float = 5.0, policy: EnginePolicy | None = None) -> MetricsSnapshot | None:

@@ -47,6 +47,7 @@ class ConfigResult:
     wall_s: float = 0.0
     spec: SpecCounters | None = None  # the /metrics difference over this config; None: unavailable
     running: list[float] = field(default_factory=list)  # vllm:num_requests_running, polled
+    busy_s: float | None = None  # the /metrics difference of the requests' scheduled seconds; None: unavailable
     aborted: str | None = None
 
     def summary(self) -> dict[str, object]:
@@ -66,6 +67,9 @@ class ConfigResult:
         row["mean_running"] = float(np.mean(self.running)) if self.running else math.nan
         row["max_running"] = float(np.max(self.running)) if self.running else math.nan
         row["max_streaming"] = max_streaming(ok)
+        # Little's law on the engine's own clock: the seconds requests spent scheduled, summed, over the wall time.
+        # Nothing is polled, so a config shorter than a poll is still seen; a serial engine stays <= 1.
+        row["engine_batch"] = self.busy_s / self.wall_s if self.busy_s is not None and self.wall_s > 0 else math.nan
         row["tokens_per_chunk_inferred"] = (tokens - len(ok)) / steps if steps else math.nan  # first chunks excluded
         row["accepted_inferred"] = sum(r.inferred_accepted for r in ok)
         if self.spec is not None:
@@ -163,6 +167,8 @@ async def run_config(target: Target, prompts: Sequence[Prompt], concurrency: int
     after = await asyncio.to_thread(scrape, target.url, 5.0, policy)
     if before is not None and after is not None and after.spec is not None:
         result.spec = after.spec.minus(before.spec)
+    if before is not None and after is not None and None not in (before.busy_s, after.busy_s):
+        result.busy_s = after.busy_s - before.busy_s
     return result
 
 
