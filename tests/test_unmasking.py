@@ -141,18 +141,23 @@ PIECES = ["plants", " plants", " Plants", "0", ",", "ing", " sun"]
 
 
 def test_the_same_word_is_known_in_any_spelling_and_a_glued_digit_repeats_nothing():
-    """Hand-worked: "plants plants" and "plants Plants" repeat a word (the right one starts a new word); "0" "0"
-    (100) and "plants" "ing" do not; a comma repeats only itself."""
+    """Hand-worked: "plants plants", "plants Plants" and "plantsplants" repeat a word (the right one starts a new
+    word, or is a whole word glued on); "0" "0" (100) and "plants" "ing" do not; a comma repeats only itself."""
     words = Words.of(PIECES)
     assert words.key.tolist() == [0, 0, 0, 1, -1, 2, 3]
     assert words.starts.tolist() == [False, True, True, False, False, False, True]
     assert words.repeat(0, 1) and words.repeat(1, 2) and words.repeat(2, 1)
-    assert not words.repeat(1, 0)  # "plantsplants": glued, no second word
+    assert words.repeat(1, 0) and words.repeat(0, 0)  # "plantsplants": a whole word glued to itself
     assert not words.repeat(3, 3) and words.repeat(4, 4) and not words.repeat(0, 5)
-    # the bans: right of "plants", every spelling that starts a word; left of " Plants", every spelling
+    # a short piece glued to itself is no repeat ("is" "is": Isis), a whole word of three letters is ("setset")
+    short = Words.of(["is", " is", "set", " set"])
+    assert short.whole.tolist() == [False, False, True, True]
+    assert not short.repeat(1, 0) and short.repeat(1, 1) and short.repeat(3, 2) and short.repeat(2, 2)
+    assert short.after(3).tolist() == [False, False, True, True] and short.before(0).tolist() == [False] * 4
+    # the bans: right of "plants", every spelling (glued too); left of " Plants", every spelling
     logits = torch.zeros(2, 7)
     out = ban_repeats(logits, torch.tensor([0, -1]), torch.tensor([-1, 2]), words)
-    assert torch.isneginf(out[0]).tolist() == [False, True, True, False, False, False, False]
+    assert torch.isneginf(out[0]).tolist() == [True, True, True, False, False, False, False]
     assert torch.isneginf(out[1]).tolist() == [True, True, True, False, False, False, False]
     out = ban_repeats(logits, torch.tensor([3, 4]), torch.tensor([3, -1]), words)  # digits glue; a comma
     assert torch.isneginf(out).nonzero().tolist() == [[1, 4]]

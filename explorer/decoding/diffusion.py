@@ -9,9 +9,10 @@ float64 (categorical noise in low precision biases the sample). With ``threshold
 confidence exceeds the threshold, at least one. Models that predict the next position (Dream,
 AR-adapted denoisers) have their logits shifted right by one. Which positions a pass commits is the
 ``sampler``'s rule (unmasking.py); ``no_adjacent_repeat`` takes out, before any rule ranks, the word a
-filled neighbour holds (in any case or spacing: "plants" then " Plants"; a digit glued to a digit is no repeat) or
-the nearest word holds across 1-3 filled punctuation tokens ("plants, plants", "8, 8"), and keeps two neighbours
-from getting the same word in one pass; ``no_repeat_ngram``
+filled neighbour holds (in any case or spacing: "plants" then " Plants", "pythonpython"; a digit glued to a digit is
+no repeat) or the nearest word holds across 1-3 filled punctuation tokens ("plants, plants", "8, 8"), punctuation
+between two equal words ("moment [mask] moment"), and keeps the tokens one pass reveals from making such a repeat
+together ("python\npython"); ``no_repeat_ngram``
 takes out every token that would complete an n-gram the answer already holds, and keeps the tokens revealed together
 from making one.
 
@@ -44,6 +45,7 @@ from explorer.decoding.unmasking import (
     across_punctuation,
     ban_repeats,
     ban_words,
+    bridges_repeat,
     ngram_bans,
     plan_pass,
     repeated_ngram,
@@ -247,7 +249,9 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig, r
                 logits = ban_repeats(logits, left, right, words)
                 far = [(across_punctuation(canvas, b0 + i, -1, words), across_punctuation(canvas, b0 + i, 1, words))
                        if canvas[b0 + i] < 0 else (-1, -1) for i in range(block_len)]  # "plants, plants"
-                logits = ban_words(logits, far, words) if any(a >= 0 or b >= 0 for a, b in far) else logits
+                bridges = [canvas[b0 + i] < 0 and bridges_repeat(canvas, b0 + i, words) for i in range(block_len)]
+                logits = ban_words(logits, far, words, bridges) \
+                    if any(a >= 0 or b >= 0 for a, b in far) or any(bridges) else logits
             if cfg.no_repeat_ngram:  # never a token that completes an n-gram the answer holds (unmasking.py)
                 answer = canvas
                 bans = ngram_bans(answer, range(lo - p_len, lo - p_len + block_len), cfg.no_repeat_ngram, free)

@@ -133,10 +133,12 @@ WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?")  # a word as the repeat rate counts o
 class Words:
     """Which tokens spell the same word. ``key`` (V,): one number per word, whatever its case and leading
     whitespace ("plants", " plants", " Plants"), -1 for a token that is no whole word (punctuation, whitespace,
-    symbols); ``starts`` (V,): the token begins a new word (leading whitespace)."""
+    symbols); ``starts`` (V,): the token begins a new word (leading whitespace); ``whole`` (V,): the token is a word
+    of three letters or more, which glued to itself makes no word ("pythonpython", "setset")."""
 
     key: torch.Tensor
     starts: torch.Tensor
+    whole: torch.Tensor
 
     @staticmethod
     def of(pieces: list[str]) -> Words:
@@ -144,25 +146,42 @@ class Words:
         keys: dict[str, int] = {}
         key = [keys.setdefault(w, len(keys)) if WORD.fullmatch(w := t.strip().lower()) else -1 for t in pieces]
         starts = [t[:1].isspace() for t in pieces]
-        return Words(torch.tensor(key, device="cpu"), torch.tensor(starts, device="cpu"))  # a table, indexed on the CPU
+        whole = [len(w := t.strip()) >= 3 and w.isalpha() for t in pieces]
+        return Words(*(torch.tensor(x, device="cpu") for x in (key, starts, whole)))  # tables, indexed on the CPU
+
+    def _second(self) -> torch.Tensor:
+        """(V,) bool: the tokens that repeat the same word before them: a new word, or a whole word glued on."""
+        return self.starts | self.whole
 
     def repeat(self, a: int, b: int) -> bool:
-        """Token b right after token a repeats a's word ("plants plants", "of of"). A token glued to a word ("1" "0"
-        "0": 100) repeats nothing; a token that is no word repeats only itself (", ,")."""
+        """Token b right after token a repeats a's word ("plants plants", "of of", "pythonpython"). A short piece or
+        a digit glued to the same ("1" "0" "0": 100, "is" "is": Isis) repeats nothing; a token that is no word
+        repeats only itself (", ,")."""
         ka = int(self.key[a])
-        return (ka == int(self.key[b]) and bool(self.starts[b])) if ka >= 0 else a == b
+        return (ka == int(self.key[b]) and bool(self._second()[b])) if ka >= 0 else a == b
 
     def after(self, a: int) -> torch.Tensor:
         """(V,) bool: the tokens b with repeat(a, b)."""
         ka = int(self.key[a])
-        return (self.key == ka) & self.starts if ka >= 0 else torch.arange(len(self.key), device=self.key.device) == a
+        if ka < 0:
+            return torch.arange(len(self.key), device=self.key.device) == a
+        return (self.key == ka) & self._second()
 
     def before(self, b: int) -> torch.Tensor:
         """(V,) bool: the tokens a with repeat(a, b)."""
         kb = int(self.key[b])
         if kb < 0:
             return torch.arange(len(self.key), device=self.key.device) == b
-        return self.key == kb if bool(self.starts[b]) else torch.zeros_like(self.starts)
+        return self.key == kb if bool(self._second()[b]) else torch.zeros_like(self.starts)
+
+
+def _word_beyond(line: list[int], i: int, step: int, words: Words) -> tuple[int, int]:
+    """From position i of ``line`` (-1 = masked) towards ``step``: (the first filled word, how many filled tokens
+    that are no word lie between), or (-1, n) where a mask or the edge comes first."""
+    j, skipped = i + step, 0
+    while 0 <= j < len(line) and line[j] >= 0 and int(words.key[line[j]]) < 0:
+        j, skipped = j + step, skipped + 1
+    return (line[j] if 0 <= j < len(line) and line[j] >= 0 else -1), skipped
 
 
 def across_punctuation(answer: list[int], i: int, step: int, words: Words, reach: int = 3) -> int:
@@ -170,22 +189,31 @@ def across_punctuation(answer: list[int], i: int, step: int, words: Words, reach
     filled tokens that are no word between (punctuation, whitespace: 1 to ``reach`` of them), or -1: the word that
     "plants, plants" or "language. Language" would repeat, which the repeat rate counts and the neighbour's ban
     does not see."""
-    j, skipped = i + step, 0
-    while 0 <= j < len(answer) and answer[j] >= 0 and int(words.key[answer[j]]) < 0:
-        j, skipped = j + step, skipped + 1
-    inside = 0 <= j < len(answer) and answer[j] >= 0
-    return answer[j] if inside and 1 <= skipped <= reach else -1
+    word, skipped = _word_beyond(answer, i, step, words)
+    return word if 1 <= skipped <= reach else -1
 
 
-def ban_words(logits: torch.Tensor, far: list[tuple[int, int]], words: Words) -> torch.Tensor:
+def bridges_repeat(answer: list[int], i: int, words: Words, reach: int = 3) -> bool:
+    """Punctuation at position i of ``answer`` (-1 = masked) would join two spellings of one word with at most
+    ``reach`` tokens that are no word between ("moment [mask] moment", "language, [mask] language"): a gap left
+    between two equal words revealed apart, which no word ban sees."""
+    (left, n_left), (right, n_right) = _word_beyond(answer, i, -1, words), _word_beyond(answer, i, 1, words)
+    return left >= 0 and right >= 0 and n_left + n_right + 1 <= reach and int(words.key[left]) == int(words.key[right])
+
+
+def ban_words(logits: torch.Tensor, far: list[tuple[int, int]], words: Words, bridges: list[bool] | None = None
+              ) -> torch.Tensor:
     """The block's logits (B, V) with, for each position, every spelling of the words in ``far`` (its
     ``across_punctuation`` word on the left and on the right, -1: none) taken out: across punctuation or a line break
-    a token starts a new word whether or not it carries a space ("language.\nLanguage", "8, 8")."""
+    a token starts a new word whether or not it carries a space ("language.\nLanguage", "8, 8"); where ``bridges``
+    (``bridges_repeat``), every token that is no word."""
     out = logits.clone()
     for row, sides in enumerate(far):
         for t in filter(lambda t: t >= 0, sides):
             hit = words.key == words.key[t]
             out[row, :len(hit)][hit.to(out.device)] = float("-inf")
+        if bridges is not None and bridges[row]:
+            out[row, :len(words.key)][(words.key < 0).to(out.device)] = float("-inf")
     return out
 
 
@@ -210,16 +238,43 @@ def ban_repeats(logits: torch.Tensor, left: torch.Tensor, right: torch.Tensor, w
     return out
 
 
-def apart_repeats(plan: Plan, tokens: torch.Tensor, confidence: torch.Tensor, words: Words | None = None) -> Plan:
-    """No two neighbours revealed by one pass with the same word (``words``; None: the same token): of such a pair
-    the more confident is revealed and the other held back (left masked) for a pass that sees it; at least one
-    position is always revealed; a plan that re-masks keeps at most as many re-masked as revealed."""
-    def repeat(a: int, b: int) -> bool:  # a then b
-        return words.repeat(int(tokens[a]), int(tokens[b])) if words is not None else int(tokens[a]) == int(tokens[b])
+def _clash(line: list[int], i: int, words: Words | None, reach: int = 3) -> bool:
+    """The token at position i of ``line`` makes a repeat there: the same word as the filled token beside it, or as
+    the nearest word across 1 to ``reach`` filled tokens that are no word ("python\npython", "moment, moment"); a
+    punctuation token clashes where it joins two such words, or repeats its neighbour (", ,")."""
+    t = line[i]
+    for step in (-1, 1):
+        j = i + step
+        if 0 <= j < len(line) and line[j] >= 0:
+            a, b = (line[j], t) if step < 0 else (t, line[j])
+            if words.repeat(a, b) if words is not None else a == b:
+                return True
+    if words is None:
+        return False
+    if int(words.key[t]) >= 0:
+        for step in (-1, 1):
+            far, skipped = _word_beyond(line, i, step, words)
+            if far >= 0 and 1 <= skipped <= reach and int(words.key[far]) == int(words.key[t]):
+                return True
+        return False
+    return bridges_repeat(line, i, words, reach)
 
+
+def apart_repeats(plan: Plan, tokens: torch.Tensor, confidence: torch.Tensor, words: Words | None = None,
+                  canvas: list[int] | None = None) -> Plan:
+    """No token revealed by a pass repeats a neighbour's word (``words``; None: the same token), nor, with ``words``,
+    the nearest word across the punctuation revealed with it or already on ``canvas`` (the block before the pass, -1
+    where masked; None: an empty block), as "python\npython" revealed at once would: in order of confidence each token
+    goes on the block unless it makes such a repeat there, else it is held back (left masked) for a pass that sees
+    the other; at least one position is always revealed; a plan that re-masks keeps at most as many re-masked as
+    revealed."""
+    line = list(canvas) if canvas is not None else [-1] * len(tokens)
     kept: list[int] = []
     for i in sorted(plan.reveal, key=lambda i: (-float(confidence[i]), i)):
-        if not any((j == i - 1 and repeat(j, i)) or (j == i + 1 and repeat(i, j)) for j in kept):
+        line[i] = int(tokens[i])
+        if kept and _clash(line, i, words):
+            line[i] = -1
+        else:
             kept.append(i)
     held = tuple(i for i in plan.reveal if i not in kept)
     if not held:
@@ -305,7 +360,8 @@ def plan_pass(p: Pass, cfg: object) -> Plan:
     by the tokens revealed together (``apart_ngrams``)."""
     plan = RULES[cfg.sampler](p, cfg)  # type: ignore[attr-defined]
     if getattr(cfg, "no_adjacent_repeat", False):
-        plan = apart_repeats(plan, p.tokens, p.confidence, p.words)
+        canvas = [-1 if bool(m) else int(t) for t, m in zip(p.canvas, p.masked, strict=True)]
+        plan = apart_repeats(plan, p.tokens, p.confidence, p.words, canvas)
     if getattr(cfg, "no_repeat_ngram", 0) and p.answer is not None:
         plan = apart_ngrams(plan, p, cfg.no_repeat_ngram)  # type: ignore[attr-defined]
     return plan
