@@ -270,18 +270,19 @@ def test_a_pass_that_reveals_nothing_raises_within_one_pass_instead_of_hanging(r
 
 
 class FavouriteLogits(torch.nn.Module):
-    """A denoiser whose row j prefers ``first[j]`` (logit 10), then ``second`` (logit 5)."""
+    """A denoiser whose row j prefers ``first[j]`` (logit ``strength[j]``, 10 by default), then ``second`` (logit 5)."""
 
-    def __init__(self, vocab, first, second):
+    def __init__(self, vocab, first, second, strength=None):
         super().__init__()
         self.vocab, self.first, self.second = vocab, torch.tensor(first), second
+        self.strength = torch.tensor(strength if strength is not None else [10.0] * len(first))
         self.config = types.SimpleNamespace(max_position_embeddings=512, mask_token_id=None)
 
     def forward(self, input_ids, **kwargs):
         length = input_ids.shape[1]
         logits = torch.zeros(1, length, self.vocab)
         logits[..., self.second] = 5.0
-        logits[0, torch.arange(length), self.first[:length]] = 10.0
+        logits[0, torch.arange(length), self.first[:length]] = self.strength[:length]
         return types.SimpleNamespace(logits=logits)
 
 
@@ -299,6 +300,26 @@ def test_no_word_twice_in_a_row_looks_across_punctuation(random_models):
     assert decode([a, comma, a]) == [a, comma, a]
     assert decode([a, comma, a], no_adjacent_repeat=True) == [a, comma, b]
     assert decode([a, a], no_adjacent_repeat=True) == [a, a]
+
+
+def test_no_punctuation_between_two_equal_words_nor_a_repeat_revealed_at_once(random_models):
+    """Hand-worked, byte tokens, one block of 3 after the prompt "x", a denoiser that wants "a" "," "a":
+    - one position a pass, the comma least sure: "a" at 0, then "a" at 2, then 1 would join them ("a,a"): the ban
+      takes out every token that is no word there, so the next favourite, "b", goes between: "aba";
+    - every position in one pass (threshold): the second "a" would repeat the first across the comma revealed with
+      it, so it is held back, and the next pass, which sees "a," on its left, writes "b": "a,b"."""
+    tok = random_models.tokenizer
+    (x,), (a,), (comma,), (b,) = (tok(t).input_ids for t in ("x", "a", ",", "b"))
+    def decode(strength, **options):
+        models = Models(random_models.preset, tok, random_models.target, None,
+                        FavouriteLogits(len(tok), [x, a, comma, a], b, [10.0, 10.0, *strength]), tok,
+                        torch.device("cpu"), torch.float32)
+        return explorer.decode("diffusion", models, "x", max_new_tokens=3, block_length=3, cache="none",
+                               **options).token_ids
+    assert decode([7.0, 10.0], steps=3) == [a, comma, a]
+    assert decode([7.0, 10.0], steps=3, no_adjacent_repeat=True) == [a, b, a]
+    assert decode([10.0, 10.0], threshold=0.5) == [a, comma, a]
+    assert decode([10.0, 10.0], threshold=0.5, no_adjacent_repeat=True) == [a, comma, b]
 
 
 def test_no_word_twice_in_a_row_still_writes_a_number_with_a_repeated_digit():

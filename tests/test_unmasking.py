@@ -19,6 +19,7 @@ from explorer.decoding.unmasking import (
     apart_repeats,
     ban_repeats,
     ban_words,
+    bridges_repeat,
     by_confidence,
     by_entropy,
     dilated,
@@ -183,6 +184,33 @@ def test_the_word_across_punctuation_is_found_on_either_side_within_reach():
     out = ban_words(torch.zeros(2, 7), [(across_punctuation([0, 4, -1], 2, -1, words), -1), (-1, 3)], words)
     assert torch.isneginf(out).tolist() == [[True, True, True, False, False, False, False],
                                             [False, False, False, True, False, False, False]]  # "0 , 0" too
+
+
+def test_punctuation_between_two_equal_words_is_found_and_banned():
+    """Hand-worked on PIECES: in "plants [mask] Plants" and "plants , [mask] plants" the mask would join one word's
+    two spellings with 1-2 tokens that are no word; four tokens between are past the reach of 3; two different
+    words, or a mask beyond, join nothing. The ban takes every token that is no word out of that position only."""
+    words = Words.of(PIECES)
+    assert bridges_repeat([1, -1, 2], 1, words) and bridges_repeat([0, 4, -1, 1], 2, words)
+    assert bridges_repeat([0, 4, 4, -1, 1], 3, words) and not bridges_repeat([0, 4, 4, -1, 4, 1], 3, words)
+    assert not bridges_repeat([0, -1, 6], 1, words) and not bridges_repeat([0, -1, -1, 0], 1, words)
+    out = ban_words(torch.zeros(2, 7), [(-1, -1), (-1, -1)], words, [False, True])
+    assert torch.isneginf(out).tolist() == [[False] * 7, [False, False, False, False, True, False, False]]
+
+
+def test_a_pass_reveals_no_word_that_repeats_one_across_punctuation_revealed_with_it_or_there():
+    """Hand-worked on PIECES, tokens " plants" "," " Plants" chosen at 0, 1, 2, the most confident first: the comma
+    goes on beside "plants" (no repeat), then " Plants" would repeat "plants" across it and is held back; with the
+    comma already on the canvas and 0, 2 revealed, the same; with no word table, only equal neighbours count."""
+    words, confidence = Words.of(PIECES), torch.tensor([0.9, 0.8, 0.7], dtype=torch.float64)
+    tokens = torch.tensor([1, 4, 2])
+    assert apart_repeats(Plan((0, 1, 2)), tokens, confidence, words, [-1, -1, -1]).held == (2,)
+    assert apart_repeats(Plan((0, 2)), tokens, confidence, words, [-1, 4, -1]).held == (2,)
+    assert apart_repeats(Plan((0, 1, 2)), tokens, confidence, None, [-1, -1, -1]).held == ()
+    assert apart_repeats(Plan((0, 2)), torch.tensor([1, 4, 6]), confidence, words, [-1, 4, -1]).held == ()
+    # the comma revealed last, between two spellings already kept: held back
+    assert apart_repeats(Plan((0, 1, 2)), tokens, torch.tensor([0.9, 0.6, 0.7], dtype=torch.float64), words,
+                         [-1, -1, -1]).held == (1,)
 
 
 def test_two_neighbours_with_the_same_token_are_not_revealed_in_one_pass():
