@@ -156,6 +156,9 @@ int main(int argc, char** argv) {
   check_attention("attend_causal", 4, 2, 24, 21, false, rng);
   check_attention("attend_causal_d64", 9, 3, 64, 40, false, rng);
   check_attention("attend_tree", 4, 2, 24, 21, true, rng);
+  check_attention("attend_causal_p100", 9, 3, 64, 100, false, rng);  // 64 keys at a time, then 16, then the tail
+  check_attention("attend_tree_p60", 4, 2, 24, 60, true, rng);  // alone: 64 at a time; batched: 16, gathered
+  check_attention("attend_tree_p28", 4, 2, 24, 28, true, rng);  // alone: 32 at a time; batched: 16, gathered
   {
     const int64_t H = 200;
     const auto x = rng.floats(16 * H, -4.0f, 4.0f), w = rng.floats(H);

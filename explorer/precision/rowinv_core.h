@@ -188,7 +188,40 @@ inline void attend_impl(const float* qp, const float* kp, const float* vp, int64
       const float* kh = kt.data() + (h / group) * D * Lp;
       const float* vh = vp + (h / group) * L * D;
       float mx = -INFINITY;
-      for (int64_t t = 0; t < seen; t += LANES) {
+      int64_t t = 0;
+      // 64 (then 32) contiguous keys at a time: four (two) FMA chains side by side, where one chain waits on its own
+      // latency. Each key's score is still one FMA per d in increasing d: its bits do not depend on the grouping.
+      for (; t + 4 * LANES <= seen && js[t + 4 * LANES - 1] - js[t] == 4 * LANES - 1; t += 4 * LANES) {
+        const auto full = tail_mask(LANES);
+        const float* base = kh + js[t];
+        vec a0 = zero(), a1 = zero(), a2 = zero(), a3 = zero();
+        for (int64_t d = 0; d < D; ++d) {
+          const vec qd = set1(qr[d]);
+          const float* kd = base + d * Lp;
+          a0 = fma(qd, load_x(kd, full), a0);
+          a1 = fma(qd, load_x(kd + LANES, full), a1);
+          a2 = fma(qd, load_x(kd + 2 * LANES, full), a2);
+          a3 = fma(qd, load_x(kd + 3 * LANES, full), a3);
+        }
+        const vec s = set1(sc);
+        store_x(p.data() + t, mul(a0, s), full);
+        store_x(p.data() + t + LANES, mul(a1, s), full);
+        store_x(p.data() + t + 2 * LANES, mul(a2, s), full);
+        store_x(p.data() + t + 3 * LANES, mul(a3, s), full);
+      }
+      for (; t + 2 * LANES <= seen && js[t + 2 * LANES - 1] - js[t] == 2 * LANES - 1; t += 2 * LANES) {  // 32
+        const auto full = tail_mask(LANES);
+        const float* base = kh + js[t];
+        vec a0 = zero(), a1 = zero();
+        for (int64_t d = 0; d < D; ++d) {
+          const vec qd = set1(qr[d]);
+          a0 = fma(qd, load_x(base + d * Lp, full), a0);
+          a1 = fma(qd, load_x(base + d * Lp + LANES, full), a1);
+        }
+        store_x(p.data() + t, mul(a0, set1(sc)), full);
+        store_x(p.data() + t + LANES, mul(a1, set1(sc)), full);
+      }
+      for (; t < seen; t += LANES) {
         const int64_t n = std::min<int64_t>(LANES, seen - t);
         auto m = tail_mask(n);
         const float* base = kh + js[t];
@@ -202,17 +235,45 @@ inline void attend_impl(const float* qp, const float* kp, const float* vp, int64
         vec acc = zero();
         for (int64_t d = 0; d < D; ++d) acc = fma(set1(qr[d]), load_x(base + d * stride, m), acc);
         store_x(p.data() + t, mul(acc, set1(sc)), m);
-        for (int64_t l = 0; l < n; ++l) mx = p[t + l] > mx ? p[t + l] : mx;
       }
+      float m0 = -INFINITY, m1 = -INFINITY, m2 = -INFINITY, m3 = -INFINITY;  // four chains; the maximum is exact
+      int64_t u = 0;
+      for (; u + 4 <= seen; u += 4) {
+        m0 = p[u] > m0 ? p[u] : m0;
+        m1 = p[u + 1] > m1 ? p[u + 1] : m1;
+        m2 = p[u + 2] > m2 ? p[u + 2] : m2;
+        m3 = p[u + 3] > m3 ? p[u + 3] : m3;
+      }
+      for (; u < seen; ++u) m0 = p[u] > m0 ? p[u] : m0;
+      m0 = m1 > m0 ? m1 : m0;
+      m2 = m3 > m2 ? m3 : m2;
+      mx = m2 > m0 ? m2 : m0;
       const vec vmx = set1(mx);
+      vec tot = zero();  // the denominator: lane l sums keys l, l + 16, ... in order, then a fixed 16-lane sum
       for (int64_t t = 0; t < seen; t += LANES) {  // 16 keys at a time, in the row's own key order
         auto m = tail_mask(seen - t);
         store_x(p.data() + t, exp16(add(load_x(p.data() + t, m), mul(vmx, set1(-1.0f)))), m);
+        tot = add(tot, load_x(p.data() + t, m));
       }
-      float total = 0.0f;
-      for (int64_t t = 0; t < seen; ++t) total = total + p[t];
-      const float inv = 1.0f / total;
+      const float inv = 1.0f / hsum(tot);
       float* o = op + (i * H + h) * D;
+      if (D == 4 * LANES) {  // the common head size, its four sums in registers
+        const auto full = tail_mask(LANES);
+        vec o0 = zero(), o1 = zero(), o2 = zero(), o3 = zero();
+        for (int64_t t = 0; t < seen; ++t) {
+          const vec pj = set1(p[t] * inv);
+          const float* vr = vh + js[t] * D;
+          o0 = fma(pj, load_x(vr, full), o0);
+          o1 = fma(pj, load_x(vr + LANES, full), o1);
+          o2 = fma(pj, load_x(vr + 2 * LANES, full), o2);
+          o3 = fma(pj, load_x(vr + 3 * LANES, full), o3);
+        }
+        store_x(o, o0, full);
+        store_x(o + LANES, o1, full);
+        store_x(o + 2 * LANES, o2, full);
+        store_x(o + 3 * LANES, o3, full);
+        continue;
+      }
       vec ov[DV];
       for (int64_t c = 0; c < DV; ++c) ov[c] = zero();
       for (int64_t t = 0; t < seen; ++t) {
