@@ -60,26 +60,39 @@ def reveal_schedule(masked: int, steps: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(steps)]
 
 
-def predict_tokens(logits: torch.Tensor, cfg: DecodeConfig, gen: torch.Generator,
-                   banned: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """logits (B, V) -> predicted tokens (B,), their confidences (B,) and the distributions (B, V), in float64."""
-    logits = sanitize_logits(logits.double())
+def predict_tokens(logits: torch.Tensor, cfg: DecodeConfig, gen: torch.Generator, banned: list[int],
+                   live: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """logits (B, V) -> predicted tokens (B,), their confidences (B,) and the distributions (B, V), in float64.
+    ``live`` (B,) bool: the rows a sampler reads (the others: token 0, confidence 0, an all-zero row); the random
+    draws are those of all B rows, so a seed gives the same tokens whichever rows are live."""
+    rows = None if live is None or bool(live.all()) else live.nonzero()[:, 0]
+    full = logits
+    if rows is not None:
+        logits = logits[rows]
+    logits = sanitize_logits(logits.to(torch.float64, copy=True))  # a copy: the caller's logits stay as they are
     logits[:, banned] = float("-inf")  # never "reveal" a mask (or pad) token
     if cfg.top_k or (cfg.top_p is not None and cfg.top_p < 1):
         logits = torch.log(warp_logits(logits, 1.0, cfg.top_k, cfg.top_p).double())
     if cfg.temperature > 0:
         # the seeded generator is a CPU one (the same draws on every device); moved to the logits' device
-        u = torch.rand(logits.shape, generator=gen, dtype=torch.float64, device="cpu").clamp_(1e-300, 1.0)
-        u = u.to(logits.device)
+        u = torch.rand(full.shape, generator=gen, dtype=torch.float64, device="cpu").clamp_(1e-300, 1.0)
+        u = (u if rows is None else u[rows.cpu()]).to(logits.device)
         tokens = fast_argmax(logits / cfg.temperature - torch.log(-torch.log(u)))  # Gumbel-max
     else:
         tokens = fast_argmax(logits)
     probs = torch.softmax(logits, -1)
     if cfg.remasking == "random":
-        confidence = torch.rand(tokens.shape, generator=gen, dtype=torch.float64, device="cpu").to(tokens.device)
+        confidence = torch.rand(full.shape[:1], generator=gen, dtype=torch.float64, device="cpu").to(tokens.device)
+        confidence = confidence if rows is None else confidence[rows]
     else:
         confidence = probs.gather(-1, tokens[:, None])[:, 0]
-    return tokens, confidence, probs
+    if rows is None:
+        return tokens, confidence, probs
+    out_tokens = torch.zeros(full.shape[0], dtype=tokens.dtype, device=tokens.device)
+    out_conf = confidence.new_zeros(full.shape[0])
+    out_probs = probs.new_zeros(full.shape)
+    out_tokens[rows], out_conf[rows], out_probs[rows] = tokens, confidence, probs
+    return out_tokens, out_conf, out_probs
 
 
 def neighbours(x: torch.Tensor, lo: int, block_len: int, p_len: int, mask_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -239,12 +252,15 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig, r
                     dt, fed = dt + dt2, fed + fed2
             else:
                 logits, dt, fed = denoise(model, x, start, end, rows, cache)
-            likeliest, answer, phrases, words = logits.argmax(-1), None, {}, None
+            likeliest, answer, phrases, words = fast_argmax(logits), None, {}, None
+            before = x[0, lo:lo + block_len].clone()
+            still = before == mask_id
+            live = torch.ones_like(still) if cfg.sampler == "revoke" else still  # the rows a sampler reads
             b0 = lo - p_len  # the block's first position in the answer
             canvas = [-1 if t == mask_id else t for t in x[0, p_len:].tolist()] \
                 if cfg.no_adjacent_repeat or cfg.no_repeat_ngram else []  # the answer, -1 where masked
             if cfg.no_adjacent_repeat:  # never a filled neighbour's word (unmasking.py)
-                left, right = neighbours(x, lo, block_len, p_len, mask_id)
+                left, right = (torch.where(live, side, -1) for side in neighbours(x, lo, block_len, p_len, mask_id))
                 words = word_table(models.diffusion_tokenizer, logits.shape[-1])
                 logits = ban_repeats(logits, left, right, words)
                 far = [(across_punctuation(canvas, b0 + i, -1, words), across_punctuation(canvas, b0 + i, 1, words))
@@ -265,9 +281,7 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig, r
             # a position whose likeliest token a ban took out (after a ban, never the token revealed)
             banning = answer is not None or cfg.no_adjacent_repeat
             repeats = torch.isneginf(logits.gather(-1, likeliest[:, None])[:, 0]) if banning else None
-            tokens, confidence, probs = predict_tokens(logits, cfg, gen, banned)
-            before = x[0, lo:lo + block_len].clone()
-            still = before == mask_id
+            tokens, confidence, probs = predict_tokens(logits, cfg, gen, banned, live)
             count = schedule[s] if s < len(schedule) else 1
             plan = plan_pass(Pass(tokens, confidence, probs, still, before, count, ~still & ~revoked,
                                   None if answer is None else tuple(answer), lo - p_len, free, words), cfg)

@@ -60,6 +60,8 @@ def fast_argmax(x: torch.Tensor) -> torch.Tensor:
 
 def sanitize_logits(logits: torch.Tensor) -> torch.Tensor:
     """NaN -> -inf, +inf -> the largest finite value; a row with nothing finite becomes uniform."""
+    if logits.numel() and bool(torch.isfinite(logits.amax(-1)).all()):  # (NaN wins amax) nothing to mend: one read
+        return logits
     logits = torch.nan_to_num(logits, nan=float("-inf"), posinf=torch.finfo(logits.dtype).max)
     dead = torch.isneginf(logits).all(-1, keepdim=True)
     return torch.where(dead, torch.zeros_like(logits), logits)
