@@ -5,7 +5,7 @@ import re
 from explorer.app import narration, playback, render
 from explorer.decoding.events import DraftCheck, Proposal, RefinementStep, Verification
 
-PIECES = {1: "a", 2: " b", 7: "z"}
+PIECES = {1: "a", 2: " b", 7: "z", 9: ","}
 B = '<code><span class="ws">·</span>b</code>'
 
 
@@ -104,7 +104,14 @@ def test_a_repeat_avoided_and_a_neighbour_held_back_are_said():
     text = said([view], "diffusion")
     assert ("<code>a</code> at position 5 rather than " + B + ", which its neighbour holds, or the word across the "
             "punctuation beside it (never the same word twice in a row).") in text
-    assert "<code>z</code> at position 6 held back: a neighbour got the same word in this pass." in text
+    assert ("<code>z</code> at position 6 held back: a token revealed beside it, or across the punctuation beside "
+            "it, in this pass is the same word.") in text
+    # punctuation taken out: it would stand between the same word twice ("a , a")
+    step = RefinementStep(1.0, 0, 0, (4,), (7,), (0.9,), 5, 0.01, avoided=(4,), avoided_tokens=(9,))
+    text = said([render.LaneView("diffusion", [step], "p", piece, 8, total_steps=8,
+                                 options={"no_adjacent_repeat": True})], "diffusion")
+    assert ("<code>z</code> at position 5 rather than <code>,</code>, which would repeat the punctuation beside it or "
+            "stand between the same word twice (never the same word twice in a row).") in text, text
 
 
 def test_a_repeated_phrase_avoided_is_said_with_the_phrase():

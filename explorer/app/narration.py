@@ -98,10 +98,13 @@ def _narrate_diffusion(view: LaneView) -> str:
                       + (f"which would repeat {_quote(''.join(view.piece(x) for x in g))} (never the same "
                          f"{len(g)} tokens twice)." if g else
                          "which its neighbour holds, or the word across the punctuation beside it (never the same word "
-                         "twice in a row).")
+                         "twice in a row)." if any(c.isalnum() for c in view.piece(t)) else
+                         "which would repeat the punctuation beside it or stand between the same word twice (never "
+                         "the same word twice in a row).")
                       for p, t, g in zip(e.avoided, e.avoided_tokens, phrases, strict=True) if p in shown_pos)
     clash = ("with a token revealed beside it in this pass it would repeat a token or a phrase"
-             if view.options.get("no_repeat_ngram") else "a neighbour got the same word in this pass")
+             if view.options.get("no_repeat_ngram") else
+             "a token revealed beside it, or across the punctuation beside it, in this pass is the same word")
     held = "".join(f" {_quote(view.piece(t))} at position {p + 1} held back: {clash}." for p, t in
                    zip(e.held, e.held_tokens, strict=True))
     return (f"Step {e.step + 1}{of} (block {e.block + 1}): one pass predicted every mask; {len(e.positions)} "
