@@ -228,8 +228,8 @@ def test_the_diffusion_rows_include_the_lane_as_the_preset_starts_it():
     from explorer.models import PRESETS
 
     (row,) = lane_default_config(SimpleNamespace(preset=PRESETS["smollm2-135m"]), 64, 8)
-    assert row.label == ("the lane's default: confidence, threshold 0.5, no word twice in a row, no 4-token phrase "
+    assert row.label == ("the lane's default: confidence, threshold 0.35, no word twice in a row, no 4-token phrase "
                          "twice, the delayed cache")
-    assert row.options == {"steps": 64, "block_length": 8, "sampler": "confidence", "threshold": 0.5,
+    assert row.options == {"steps": 64, "block_length": 8, "sampler": "confidence", "threshold": 0.35,
                            "no_adjacent_repeat": True, "no_repeat_ngram": 4, "cache": "delayed"}
     assert lane_default_config(SimpleNamespace(preset=PRESETS["tiny"]), 64, 8) == []  # its lane is a sampler row
