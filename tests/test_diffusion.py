@@ -8,8 +8,10 @@ import pytest
 import torch
 
 import explorer
-from explorer.decoding.diffusion import reveal_schedule
+from explorer.decoding.config import DecodeConfig
+from explorer.decoding.diffusion import predict_tokens, reveal_schedule
 from explorer.decoding.events import RefinementStep
+from explorer.decoding.sampling import make_generator
 from explorer.decoding.unmasking import Pass, Plan, by_confidence
 from explorer.runtime import Models
 
@@ -333,3 +335,20 @@ def test_no_word_twice_in_a_row_still_writes_a_number_with_a_repeated_digit():
                             **options)
     assert "1000" in trace.text, trace.text
     assert adjacent_repeat_rate(trace.text) == 0, trace.text
+
+
+@pytest.mark.parametrize("remasking", ["low_confidence", "random"])
+def test_a_pass_that_samples_only_its_masked_rows_draws_what_the_whole_block_would(remasking):
+    """predict_tokens with ``live`` rows: each live row's token, confidence and distribution are those of the same
+    seeded call over every row (the random draws are the whole block's, then the live rows'), the other rows empty.
+    Drawing noise for the live rows alone would give other samples (it fails here)."""
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0)) * 3
+    live = torch.tensor([False, True, False, True, True, False])
+    cfg = DecodeConfig(temperature=1.0, remasking=remasking)
+    kept = logits.clone()
+    full = predict_tokens(logits, cfg, make_generator(5), [])
+    some = predict_tokens(logits, cfg, make_generator(5), [], live)
+    assert torch.equal(logits, kept)  # the caller's logits are left as they were
+    for a, b in zip(full, some, strict=True):
+        assert torch.equal(a[live], b[live])
+    assert some[0][~live].eq(0).all() and some[1][~live].eq(0).all() and some[2][~live].eq(0).all()
