@@ -259,19 +259,20 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig, r
             b0 = lo - p_len  # the block's first position in the answer
             canvas = [-1 if t == mask_id else t for t in x[0, p_len:].tolist()] \
                 if cfg.no_adjacent_repeat or cfg.no_repeat_ngram else []  # the answer, -1 where masked
+            if cfg.no_adjacent_repeat or cfg.no_repeat_ngram:
+                logits = logits.clone()  # one copy the bans write into (the forward's own is an inference tensor)
             if cfg.no_adjacent_repeat:  # never a filled neighbour's word (unmasking.py)
                 left, right = (torch.where(live, side, -1) for side in neighbours(x, lo, block_len, p_len, mask_id))
                 words = word_table(models.diffusion_tokenizer, logits.shape[-1])
-                logits = ban_repeats(logits, left, right, words)
+                logits = ban_repeats(logits, left, right, words, inplace=True)
                 far = [(across_punctuation(canvas, b0 + i, -1, words), across_punctuation(canvas, b0 + i, 1, words))
                        if canvas[b0 + i] < 0 else (-1, -1) for i in range(block_len)]  # "plants, plants"
                 bridges = [canvas[b0 + i] < 0 and bridges_repeat(canvas, b0 + i, words) for i in range(block_len)]
-                logits = ban_words(logits, far, words, bridges) \
+                logits = ban_words(logits, far, words, bridges, inplace=True) \
                     if any(a >= 0 or b >= 0 for a, b in far) or any(bridges) else logits
             if cfg.no_repeat_ngram:  # never a token that completes an n-gram the answer holds (unmasking.py)
                 answer = canvas
                 bans = ngram_bans(answer, range(lo - p_len, lo - p_len + block_len), cfg.no_repeat_ngram, free)
-                logits = logits.clone() if bans else logits
                 for i, hit in bans.items():
                     logits[i - (lo - p_len), list(hit)] = float("-inf")
                     if int(likeliest[i - (lo - p_len)]) in hit:  # the phrase the likeliest token would repeat

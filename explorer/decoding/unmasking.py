@@ -201,13 +201,13 @@ def bridges_repeat(answer: list[int], i: int, words: Words, reach: int = 3) -> b
     return left >= 0 and right >= 0 and n_left + n_right + 1 <= reach and int(words.key[left]) == int(words.key[right])
 
 
-def ban_words(logits: torch.Tensor, far: list[tuple[int, int]], words: Words, bridges: list[bool] | None = None
-              ) -> torch.Tensor:
+def ban_words(logits: torch.Tensor, far: list[tuple[int, int]], words: Words, bridges: list[bool] | None = None,
+              inplace: bool = False) -> torch.Tensor:
     """The block's logits (B, V) with, for each position, every spelling of the words in ``far`` (its
     ``across_punctuation`` word on the left and on the right, -1: none) taken out: across punctuation or a line break
     a token starts a new word whether or not it carries a space ("language.\nLanguage", "8, 8"); where ``bridges``
-    (``bridges_repeat``), every token that is no word."""
-    out = logits.clone()
+    (``bridges_repeat``), every token that is no word. ``inplace``: into ``logits`` itself."""
+    out = logits if inplace else logits.clone()
     for row, sides in enumerate(far):
         for t in filter(lambda t: t >= 0, sides):
             hit = words.key == words.key[t]
@@ -217,15 +217,15 @@ def ban_words(logits: torch.Tensor, far: list[tuple[int, int]], words: Words, br
     return out
 
 
-def ban_repeats(logits: torch.Tensor, left: torch.Tensor, right: torch.Tensor, words: Words | None = None
-                ) -> torch.Tensor:
+def ban_repeats(logits: torch.Tensor, left: torch.Tensor, right: torch.Tensor, words: Words | None = None,
+                inplace: bool = False) -> torch.Tensor:
     """The block's logits (B, V) with each position's filled neighbours' words taken out (``left`` and ``right``:
     the token beside each position, -1 where that is masked or outside the answer; ``words``: which tokens spell
     one word, None: each token its own). HF's ``no_repeat_ngram_size`` at n = 2 asks the same of left-to-right
     text; a denoiser needs it on both sides, because it predicts a position from its left context mostly and so
     repeats the word a neighbour already holds ("Sleep is is"): the default partner gave the repeat a logit 14 nats
-    above the next token, past any finite penalty (BENCHMARKS.md)."""
-    out = logits.clone()
+    above the next token, past any finite penalty (BENCHMARKS.md). ``inplace``: into ``logits`` itself."""
+    out = logits if inplace else logits.clone()
     for row in range(len(out)):
         for side, ban in ((int(left[row]), "after"), (int(right[row]), "before")):
             if side < 0:
