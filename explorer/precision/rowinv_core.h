@@ -171,8 +171,8 @@ inline void attend_impl(const float* qp, const float* kp, const float* vp, int64
     }
     if (keys[i].empty()) throw std::invalid_argument("rowinv.attend: a query row sees no key");
   }
-  // keys transposed, (Hkv, D, Lp) with Lp = L rounded up to 16 lanes: a row's scores come 16 keys at a time,
-  // each score one FMA per d in increasing d (the same sequence for a key whichever 16 it is computed with)
+  // keys transposed, (Hkv, D, Lp) with Lp = L rounded up to 16 lanes: a row's scores come 64, 32 or 16 keys at a
+  // time, each score one FMA per d in increasing d (the same sequence for a key whichever group it is computed in)
   const int64_t Lp = (L + LANES - 1) / LANES * LANES;
   std::vector<float> kt(Hkv * D * Lp, 0.0f);
   for (int64_t g = 0; g < Hkv; ++g)
