@@ -155,6 +155,64 @@ inline void linear_i8a16_impl(const float* x, int64_t M, int64_t K, const int8_t
 // or, with ``visible`` (M x L booleans: a token tree's mask), the keys j where visible[i, j]. Either way a row's keys
 // are taken in increasing j, so a tree node over [prefix, its ancestors] sums exactly as the one-row pass over the
 // same keys laid out contiguously. Query head h reads kv head h / (H / Hkv). out (M, H, D).
+// One query row's softmax-weighted sum of values, D = 64: its keys, how many, 1 / the denominator, the values of its
+// head group and where the output goes.
+struct Row {
+  const int64_t* js;
+  int64_t seen;
+  float inv;
+  const float* vh;
+  float* o;
+};
+
+// The weighted sums of rows a (scores pa) and b (scores pb; nullptr: a alone), interleaved: eight FMA chains instead
+// of four. Each row's sum still adds its keys in the row's own order, one FMA each: the same bits as alone.
+inline void head64_pair(const Row& a, const float* pa, const Row& b, const float* pb) {
+  constexpr int64_t D = 4 * LANES;
+  const auto full = tail_mask(LANES);
+  vec a0 = zero(), a1 = zero(), a2 = zero(), a3 = zero(), b0 = zero(), b1 = zero(), b2 = zero(), b3 = zero();
+  const int64_t both = pb == nullptr ? 0 : std::min(a.seen, b.seen);
+  int64_t t = 0;
+  for (; t < both; ++t) {
+    const vec wa = set1(pa[t] * a.inv), wb = set1(pb[t] * b.inv);
+    const float* va = a.vh + a.js[t] * D;
+    const float* vb = b.vh + b.js[t] * D;
+    a0 = fma(wa, load_x(va, full), a0);
+    b0 = fma(wb, load_x(vb, full), b0);
+    a1 = fma(wa, load_x(va + LANES, full), a1);
+    b1 = fma(wb, load_x(vb + LANES, full), b1);
+    a2 = fma(wa, load_x(va + 2 * LANES, full), a2);
+    b2 = fma(wb, load_x(vb + 2 * LANES, full), b2);
+    a3 = fma(wa, load_x(va + 3 * LANES, full), a3);
+    b3 = fma(wb, load_x(vb + 3 * LANES, full), b3);
+  }
+  for (int64_t u = t; u < a.seen; ++u) {
+    const vec wa = set1(pa[u] * a.inv);
+    const float* va = a.vh + a.js[u] * D;
+    a0 = fma(wa, load_x(va, full), a0);
+    a1 = fma(wa, load_x(va + LANES, full), a1);
+    a2 = fma(wa, load_x(va + 2 * LANES, full), a2);
+    a3 = fma(wa, load_x(va + 3 * LANES, full), a3);
+  }
+  store_x(a.o, a0, full);
+  store_x(a.o + LANES, a1, full);
+  store_x(a.o + 2 * LANES, a2, full);
+  store_x(a.o + 3 * LANES, a3, full);
+  if (pb == nullptr) return;
+  for (int64_t u = t; u < b.seen; ++u) {
+    const vec wb = set1(pb[u] * b.inv);
+    const float* vb = b.vh + b.js[u] * D;
+    b0 = fma(wb, load_x(vb, full), b0);
+    b1 = fma(wb, load_x(vb + LANES, full), b1);
+    b2 = fma(wb, load_x(vb + 2 * LANES, full), b2);
+    b3 = fma(wb, load_x(vb + 3 * LANES, full), b3);
+  }
+  store_x(b.o, b0, full);
+  store_x(b.o + LANES, b1, full);
+  store_x(b.o + 2 * LANES, b2, full);
+  store_x(b.o + 3 * LANES, b3, full);
+}
+
 inline void attend_impl(const float* qp, const float* kp, const float* vp, int64_t H, int64_t M, int64_t D,
                         int64_t Hkv, int64_t L, float sc, const bool* visible, float* op) {
   constexpr int64_t DV = 8;  // D <= 128 in 16-lane registers
@@ -179,8 +237,11 @@ inline void attend_impl(const float* qp, const float* kp, const float* vp, int64
     for (int64_t j = 0; j < L; ++j)
       for (int64_t d = 0; d < D; ++d) kt[(g * D + d) * Lp + j] = kp[(g * L + j) * D + d];
   parallel_for(0, H * M, 4, [&](int64_t r0, int64_t r1) {
-    std::vector<float> p(Lp), kg(D * LANES);
+    std::vector<float> p(Lp), p2(Lp), kg(D * LANES);
+    Row held{};
+    bool waiting = false;  // a 64-wide row whose weighted sum waits for a second row to run beside it
     for (int64_t r = r0; r < r1; ++r) {
+      float* pr = waiting ? p2.data() : p.data();  // this row's scores
       const int64_t h = r / M, i = r % M;
       const std::vector<int64_t>& js = keys[i];
       const int64_t seen = static_cast<int64_t>(js.size());
@@ -204,10 +265,10 @@ inline void attend_impl(const float* qp, const float* kp, const float* vp, int64
           a3 = fma(qd, load_x(kd + 3 * LANES, full), a3);
         }
         const vec s = set1(sc);
-        store_x(p.data() + t, mul(a0, s), full);
-        store_x(p.data() + t + LANES, mul(a1, s), full);
-        store_x(p.data() + t + 2 * LANES, mul(a2, s), full);
-        store_x(p.data() + t + 3 * LANES, mul(a3, s), full);
+        store_x(pr + t, mul(a0, s), full);
+        store_x(pr + t + LANES, mul(a1, s), full);
+        store_x(pr + t + 2 * LANES, mul(a2, s), full);
+        store_x(pr + t + 3 * LANES, mul(a3, s), full);
       }
       for (; t + 2 * LANES <= seen && js[t + 2 * LANES - 1] - js[t] == 2 * LANES - 1; t += 2 * LANES) {  // 32
         const auto full = tail_mask(LANES);
@@ -218,8 +279,8 @@ inline void attend_impl(const float* qp, const float* kp, const float* vp, int64
           a0 = fma(qd, load_x(base + d * Lp, full), a0);
           a1 = fma(qd, load_x(base + d * Lp + LANES, full), a1);
         }
-        store_x(p.data() + t, mul(a0, set1(sc)), full);
-        store_x(p.data() + t + LANES, mul(a1, set1(sc)), full);
+        store_x(pr + t, mul(a0, set1(sc)), full);
+        store_x(pr + t + LANES, mul(a1, set1(sc)), full);
       }
       for (; t < seen; t += LANES) {
         const int64_t n = std::min<int64_t>(LANES, seen - t);
@@ -234,17 +295,17 @@ inline void attend_impl(const float* qp, const float* kp, const float* vp, int64
         }
         vec acc = zero();
         for (int64_t d = 0; d < D; ++d) acc = fma(set1(qr[d]), load_x(base + d * stride, m), acc);
-        store_x(p.data() + t, mul(acc, set1(sc)), m);
+        store_x(pr + t, mul(acc, set1(sc)), m);
       }
       float m0 = -INFINITY, m1 = -INFINITY, m2 = -INFINITY, m3 = -INFINITY;  // four chains; the maximum is exact
       int64_t u = 0;
       for (; u + 4 <= seen; u += 4) {
-        m0 = p[u] > m0 ? p[u] : m0;
-        m1 = p[u + 1] > m1 ? p[u + 1] : m1;
-        m2 = p[u + 2] > m2 ? p[u + 2] : m2;
-        m3 = p[u + 3] > m3 ? p[u + 3] : m3;
+        m0 = pr[u] > m0 ? pr[u] : m0;
+        m1 = pr[u + 1] > m1 ? pr[u + 1] : m1;
+        m2 = pr[u + 2] > m2 ? pr[u + 2] : m2;
+        m3 = pr[u + 3] > m3 ? pr[u + 3] : m3;
       }
-      for (; u < seen; ++u) m0 = p[u] > m0 ? p[u] : m0;
+      for (; u < seen; ++u) m0 = pr[u] > m0 ? pr[u] : m0;
       m0 = m1 > m0 ? m1 : m0;
       m2 = m3 > m2 ? m3 : m2;
       mx = m2 > m0 ? m2 : m0;
@@ -252,37 +313,32 @@ inline void attend_impl(const float* qp, const float* kp, const float* vp, int64
       vec tot = zero();  // the denominator: lane l sums keys l, l + 16, ... in order, then a fixed 16-lane sum
       for (int64_t t = 0; t < seen; t += LANES) {  // 16 keys at a time, in the row's own key order
         auto m = tail_mask(seen - t);
-        store_x(p.data() + t, exp16(add(load_x(p.data() + t, m), mul(vmx, set1(-1.0f)))), m);
-        tot = add(tot, load_x(p.data() + t, m));
+        store_x(pr + t, exp16(add(load_x(pr + t, m), mul(vmx, set1(-1.0f)))), m);
+        tot = add(tot, load_x(pr + t, m));
       }
       const float inv = 1.0f / hsum(tot);
       float* o = op + (i * H + h) * D;
-      if (D == 4 * LANES) {  // the common head size, its four sums in registers
-        const auto full = tail_mask(LANES);
-        vec o0 = zero(), o1 = zero(), o2 = zero(), o3 = zero();
-        for (int64_t t = 0; t < seen; ++t) {
-          const vec pj = set1(p[t] * inv);
-          const float* vr = vh + js[t] * D;
-          o0 = fma(pj, load_x(vr, full), o0);
-          o1 = fma(pj, load_x(vr + LANES, full), o1);
-          o2 = fma(pj, load_x(vr + 2 * LANES, full), o2);
-          o3 = fma(pj, load_x(vr + 3 * LANES, full), o3);
+      if (D == 4 * LANES) {  // the common head size: two rows' sums side by side, each in its own registers
+        const Row cur{js.data(), seen, inv, vh, o};
+        if (!waiting) {
+          held = cur;
+          waiting = true;
+          continue;
         }
-        store_x(o, o0, full);
-        store_x(o + LANES, o1, full);
-        store_x(o + 2 * LANES, o2, full);
-        store_x(o + 3 * LANES, o3, full);
+        head64_pair(held, p.data(), cur, pr);
+        waiting = false;
         continue;
       }
       vec ov[DV];
       for (int64_t c = 0; c < DV; ++c) ov[c] = zero();
       for (int64_t t = 0; t < seen; ++t) {
-        const vec pj = set1(p[t] * inv);
+        const vec pj = set1(pr[t] * inv);
         const float* vr = vh + js[t] * D;
         for (int64_t c = 0; c * LANES < D; ++c) ov[c] = fma(pj, load_x(vr + c * LANES, tail_mask(D - c * LANES)), ov[c]);
       }
       for (int64_t c = 0; c * LANES < D; ++c) store_x(o + c * LANES, ov[c], tail_mask(D - c * LANES));
     }
+    if (waiting) head64_pair(held, p.data(), held, nullptr);
   });
 }
 
