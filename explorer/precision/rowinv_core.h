@@ -151,10 +151,6 @@ inline void linear_i8a16_impl(const float* x, int64_t M, int64_t K, const int8_t
   });
 }
 
-// ---- attention. q (H, M, D), k and v (Hkv, L, D); query row i sits at position L - M + i and sees keys 0 .. L - M + i,
-// or, with ``visible`` (M x L booleans: a token tree's mask), the keys j where visible[i, j]. Either way a row's keys
-// are taken in increasing j, so a tree node over [prefix, its ancestors] sums exactly as the one-row pass over the
-// same keys laid out contiguously. Query head h reads kv head h / (H / Hkv). out (M, H, D).
 // One query row's softmax-weighted sum of values, D = 64: its keys, how many, 1 / the denominator, the values of its
 // head group and where the output goes.
 struct Row {
@@ -165,54 +161,47 @@ struct Row {
   float* o;
 };
 
+// Such a sum in four registers, one key at a time: the row's key t adds one FMA a lane.
+struct Sum64 {
+  vec o0 = zero(), o1 = zero(), o2 = zero(), o3 = zero();
+  ROWINV_INLINE void add(const Row& r, const float* p, int64_t t) {
+    const auto full = tail_mask(LANES);
+    const vec w = set1(p[t] * r.inv);
+    const float* v = r.vh + r.js[t] * 4 * LANES;
+    o0 = fma(w, load_x(v, full), o0);
+    o1 = fma(w, load_x(v + LANES, full), o1);
+    o2 = fma(w, load_x(v + 2 * LANES, full), o2);
+    o3 = fma(w, load_x(v + 3 * LANES, full), o3);
+  }
+  ROWINV_INLINE void store(float* o) const {
+    const auto full = tail_mask(LANES);
+    store_x(o, o0, full);
+    store_x(o + LANES, o1, full);
+    store_x(o + 2 * LANES, o2, full);
+    store_x(o + 3 * LANES, o3, full);
+  }
+};
+
 // The weighted sums of rows a (scores pa) and b (scores pb; nullptr: a alone), interleaved: eight FMA chains instead
 // of four. Each row's sum still adds its keys in the row's own order, one FMA each: the same bits as alone.
 inline void head64_pair(const Row& a, const float* pa, const Row& b, const float* pb) {
-  constexpr int64_t D = 4 * LANES;
-  const auto full = tail_mask(LANES);
-  vec a0 = zero(), a1 = zero(), a2 = zero(), a3 = zero(), b0 = zero(), b1 = zero(), b2 = zero(), b3 = zero();
+  Sum64 sa, sb;
   const int64_t both = pb == nullptr ? 0 : std::min(a.seen, b.seen);
-  int64_t t = 0;
-  for (; t < both; ++t) {
-    const vec wa = set1(pa[t] * a.inv), wb = set1(pb[t] * b.inv);
-    const float* va = a.vh + a.js[t] * D;
-    const float* vb = b.vh + b.js[t] * D;
-    a0 = fma(wa, load_x(va, full), a0);
-    b0 = fma(wb, load_x(vb, full), b0);
-    a1 = fma(wa, load_x(va + LANES, full), a1);
-    b1 = fma(wb, load_x(vb + LANES, full), b1);
-    a2 = fma(wa, load_x(va + 2 * LANES, full), a2);
-    b2 = fma(wb, load_x(vb + 2 * LANES, full), b2);
-    a3 = fma(wa, load_x(va + 3 * LANES, full), a3);
-    b3 = fma(wb, load_x(vb + 3 * LANES, full), b3);
+  for (int64_t t = 0; t < both; ++t) {
+    sa.add(a, pa, t);
+    sb.add(b, pb, t);
   }
-  for (int64_t u = t; u < a.seen; ++u) {
-    const vec wa = set1(pa[u] * a.inv);
-    const float* va = a.vh + a.js[u] * D;
-    a0 = fma(wa, load_x(va, full), a0);
-    a1 = fma(wa, load_x(va + LANES, full), a1);
-    a2 = fma(wa, load_x(va + 2 * LANES, full), a2);
-    a3 = fma(wa, load_x(va + 3 * LANES, full), a3);
-  }
-  store_x(a.o, a0, full);
-  store_x(a.o + LANES, a1, full);
-  store_x(a.o + 2 * LANES, a2, full);
-  store_x(a.o + 3 * LANES, a3, full);
+  for (int64_t t = both; t < a.seen; ++t) sa.add(a, pa, t);
+  sa.store(a.o);
   if (pb == nullptr) return;
-  for (int64_t u = t; u < b.seen; ++u) {
-    const vec wb = set1(pb[u] * b.inv);
-    const float* vb = b.vh + b.js[u] * D;
-    b0 = fma(wb, load_x(vb, full), b0);
-    b1 = fma(wb, load_x(vb + LANES, full), b1);
-    b2 = fma(wb, load_x(vb + 2 * LANES, full), b2);
-    b3 = fma(wb, load_x(vb + 3 * LANES, full), b3);
-  }
-  store_x(b.o, b0, full);
-  store_x(b.o + LANES, b1, full);
-  store_x(b.o + 2 * LANES, b2, full);
-  store_x(b.o + 3 * LANES, b3, full);
+  for (int64_t t = both; t < b.seen; ++t) sb.add(b, pb, t);
+  sb.store(b.o);
 }
 
+// ---- attention. q (H, M, D), k and v (Hkv, L, D); query row i sits at position L - M + i and sees keys 0 .. L - M + i,
+// or, with ``visible`` (M x L booleans: a token tree's mask), the keys j where visible[i, j]. Either way a row's keys
+// are taken in increasing j, so a tree node over [prefix, its ancestors] sums exactly as the one-row pass over the
+// same keys laid out contiguously. Query head h reads kv head h / (H / Hkv). out (M, H, D).
 inline void attend_impl(const float* qp, const float* kp, const float* vp, int64_t H, int64_t M, int64_t D,
                         int64_t Hkv, int64_t L, float sc, const bool* visible, float* op) {
   constexpr int64_t DV = 8;  // D <= 128 in 16-lane registers
