@@ -97,12 +97,16 @@ def run(page, prompt):
 def test_lane_order_is_fixed_across_runs_with_different_winners(browser, app_url):
     page = open_page(browser, app_url, 1500, 1000)
     winners = []
-    # diffusion fast (2 passes for 16 tokens, live), then slow: one pass a token for 48, each lane timed alone (live,
-    # three lanes share two cores and whichever gets a core to itself can win: diffusion won both runs in 2 of 3
-    # tries on one machine; alone, AR takes 0.8 s and diffusion 1.3 s there)
-    for per_pass, gamma, tokens, playback in (("N/8", 1, 16, None), ("N (one token a pass)", 8, 48, "timed: each")):
+    # diffusion fast (2 passes for 16 tokens, live), then slow: one pass a token for 48 (the preset's confidence
+    # threshold off, else a pass reveals all above it), each lane timed alone (live, three lanes share two cores and
+    # whichever gets a core to itself can win: diffusion won both runs in 2 of 3 tries on one machine; alone, AR
+    # takes 0.8 s and diffusion 1.3 s there)
+    for per_pass, threshold, gamma, tokens, playback in (("N/8", None, 1, 16, None),
+                                                         ("N (one token a pass)", 0, 8, 48, "timed: each")):
         set_number(page, "max-new", tokens)
         page.click(f"#tokens-per-step label:has-text('{per_pass}')")
+        if threshold is not None:
+            set_number(page, "threshold", threshold)
         set_number(page, "gamma", gamma)
         if playback:
             pick_playback(page, playback)

@@ -158,7 +158,7 @@ class DecodeConfig:
     threshold: float | None = option(
         None, DIFF, "diffusion: also reveal every position above this confidence, in (0, 1] (Fast-dLLM; "
         "default: off)",
-        Control("slider", "confidence threshold (0 = off)", 0, 1, 0.05, off=0.0,
+        Control("slider", "confidence threshold (0 = off)", 0, 1, 0.05, off=0.0, elem_id="threshold",
                 info="samplers confidence, dilated and revoke"), _sampler_is("confidence", "dilated", "revoke"))
     entropy_bound: float | None = option(
         None, DIFF, "diffusion, sampler entropy (and DiffusionGemma): the bound on a pass's summed entropy in nats, "
