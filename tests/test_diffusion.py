@@ -308,8 +308,9 @@ def test_no_punctuation_between_two_equal_words_nor_a_repeat_revealed_at_once(ra
     """Hand-worked, byte tokens, one block of 3 after the prompt "x", a denoiser that wants "a" "," "a":
     - one position a pass, the comma least sure: "a" at 0, then "a" at 2, then 1 would join them ("a,a"): the ban
       takes out every token that is no word there, so the next favourite, "b", goes between: "aba";
-    - every position in one pass (threshold): the second "a" would repeat the first across the comma revealed with
-      it, so it is held back, and the next pass, which sees "a," on its left, writes "b": "a,b"."""
+    - every position in one pass (threshold; the comma surer than the second "a"): the second "a" would repeat the
+      first across the comma revealed with it, so it is held back, and the next pass, which sees "a," on its left,
+      writes "b": "a,b"."""
     tok = random_models.tokenizer
     (x,), (a,), (comma,), (b,) = (tok(t).input_ids for t in ("x", "a", ",", "b"))
     def decode(strength, **options):
@@ -320,8 +321,8 @@ def test_no_punctuation_between_two_equal_words_nor_a_repeat_revealed_at_once(ra
                                **options).token_ids
     assert decode([7.0, 10.0], steps=3) == [a, comma, a]
     assert decode([7.0, 10.0], steps=3, no_adjacent_repeat=True) == [a, b, a]
-    assert decode([10.0, 10.0], threshold=0.5) == [a, comma, a]
-    assert decode([10.0, 10.0], threshold=0.5, no_adjacent_repeat=True) == [a, comma, b]
+    assert decode([10.0, 9.0], threshold=0.5) == [a, comma, a]
+    assert decode([10.0, 9.0], threshold=0.5, no_adjacent_repeat=True) == [a, comma, b]
 
 
 def test_no_word_twice_in_a_row_still_writes_a_number_with_a_repeated_digit():
@@ -352,3 +353,20 @@ def test_a_pass_that_samples_only_its_masked_rows_draws_what_the_whole_block_wou
     for a, b in zip(full, some, strict=True):
         assert torch.equal(a[live], b[live])
     assert some[0][~live].eq(0).all() and some[1][~live].eq(0).all() and some[2][~live].eq(0).all()
+
+
+def test_a_greedy_pass_ranked_by_confidence_alone_takes_the_same_tokens_without_distributions():
+    """predict_tokens(probs=False) at T = 0 (the confidence and dilated samplers: no rule of theirs reads the
+    distributions): the tokens of the float64 pass, the confidences within float32 rounding of its, no (B, V)
+    distributions, the other rows empty; banned tokens stay out."""
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(1)) * 3
+    logits[2, 7] = 40.0  # a row whose favourite is banned
+    live = torch.tensor([True, True, True, False, True, False])
+    cfg = DecodeConfig(temperature=0.0)
+    kept = logits.clone()
+    for rows in (None, live):
+        tokens, confidence, probs = predict_tokens(logits, cfg, make_generator(0), [7], rows, probs=False)
+        full = predict_tokens(logits, cfg, make_generator(0), [7], rows)
+        assert probs is None and torch.equal(logits, kept)
+        assert torch.equal(tokens, full[0]) and int(tokens[2]) != 7
+        assert confidence.dtype == torch.float64 and torch.allclose(confidence, full[1], rtol=1e-6, atol=0)

@@ -40,6 +40,7 @@ from explorer.decoding.events import DecodeResult, Event, RefinementStep
 from explorer.decoding.registry import diffusion_sampler
 from explorer.decoding.sampling import fast_argmax, make_generator, sanitize_logits, warp_logits
 from explorer.decoding.unmasking import (
+    READS_PROBS,
     Pass,
     Words,
     across_punctuation,
@@ -61,17 +62,24 @@ def reveal_schedule(masked: int, steps: int) -> list[int]:
 
 
 def predict_tokens(logits: torch.Tensor, cfg: DecodeConfig, gen: torch.Generator, banned: list[int],
-                   live: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   live: torch.Tensor | None = None, probs: bool = True
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """logits (B, V) -> predicted tokens (B,), their confidences (B,) and the distributions (B, V), in float64.
     ``live`` (B,) bool: the rows a sampler reads (the others: token 0, confidence 0, an all-zero row); the random
-    draws are those of all B rows, so a seed gives the same tokens whichever rows are live."""
+    draws are those of all B rows, so a seed gives the same tokens whichever rows are live. ``probs`` False: no
+    distributions (None), for a sampler that ranks by the confidences alone; greedy, such a pass takes the likeliest
+    token and its probability from the float32 logits, as LLaDA's and Fast-dLLM's samplers do (a float64 copy and exp
+    of the rows cost three times as much; the tokens are the same, a confidence differs in its last float32 bits)."""
     rows = None if live is None or bool(live.all()) else live.nonzero()[:, 0]
     full = logits
     if rows is not None:
-        logits = logits[rows]
-    logits = sanitize_logits(logits.to(torch.float64, copy=True))  # a copy: the caller's logits stay as they are
+        logits = logits[rows]  # a copy
+    warped = bool(cfg.top_k or (cfg.top_p is not None and cfg.top_p < 1))
+    lean = cfg.temperature == 0 and not warped and not probs and cfg.remasking != "random"
+    # a copy (the caller's logits stay as they are) in float64, or float32 where ``lean``
+    logits = sanitize_logits(logits.to(torch.float32 if lean else torch.float64, copy=rows is None))
     logits[:, banned] = float("-inf")  # never "reveal" a mask (or pad) token
-    if cfg.top_k or (cfg.top_p is not None and cfg.top_p < 1):
+    if warped:
         logits = torch.log(warp_logits(logits, 1.0, cfg.top_k, cfg.top_p).double())
     if cfg.temperature > 0:
         # the seeded generator is a CPU one (the same draws on every device); moved to the logits' device
@@ -80,18 +88,21 @@ def predict_tokens(logits: torch.Tensor, cfg: DecodeConfig, gen: torch.Generator
         tokens = fast_argmax(logits / cfg.temperature - torch.log(-torch.log(u)))  # Gumbel-max
     else:
         tokens = fast_argmax(logits)
-    probs = torch.softmax(logits, -1)
+    dist = torch.softmax(logits, -1)
     if cfg.remasking == "random":
         confidence = torch.rand(full.shape[:1], generator=gen, dtype=torch.float64, device="cpu").to(tokens.device)
         confidence = confidence if rows is None else confidence[rows]
     else:
-        confidence = probs.gather(-1, tokens[:, None])[:, 0]
+        confidence = dist.gather(-1, tokens[:, None])[:, 0].double()
     if rows is None:
-        return tokens, confidence, probs
+        return tokens, confidence, dist if probs else None
     out_tokens = torch.zeros(full.shape[0], dtype=tokens.dtype, device=tokens.device)
     out_conf = confidence.new_zeros(full.shape[0])
-    out_probs = probs.new_zeros(full.shape)
-    out_tokens[rows], out_conf[rows], out_probs[rows] = tokens, confidence, probs
+    out_tokens[rows], out_conf[rows] = tokens, confidence
+    if not probs:
+        return out_tokens, out_conf, None
+    out_probs = dist.new_zeros(full.shape)
+    out_probs[rows] = dist
     return out_tokens, out_conf, out_probs
 
 
@@ -282,7 +293,7 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig, r
             # a position whose likeliest token a ban took out (after a ban, never the token revealed)
             banning = answer is not None or cfg.no_adjacent_repeat
             repeats = torch.isneginf(logits.gather(-1, likeliest[:, None])[:, 0]) if banning else None
-            tokens, confidence, probs = predict_tokens(logits, cfg, gen, banned, live)
+            tokens, confidence, probs = predict_tokens(logits, cfg, gen, banned, live, cfg.sampler in READS_PROBS)
             count = schedule[s] if s < len(schedule) else 1
             plan = plan_pass(Pass(tokens, confidence, probs, still, before, count, ~still & ~revoked,
                                   None if answer is None else tuple(answer), lo - p_len, free, words), cfg)

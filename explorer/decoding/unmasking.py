@@ -9,6 +9,7 @@ block, so a block of B positions ends filled within 2B passes.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -28,7 +29,8 @@ class Pass:
 
     tokens: torch.Tensor  # (B,) the token predicted at each position
     confidence: torch.Tensor  # (B,) float64: the score a rule ranks by (the predicted token's probability)
-    probs: torch.Tensor  # (B, V) float64: the predictive distribution at each position
+    probs: torch.Tensor | None  # (B, V) float64: the predictive distribution at each position (None: a sampler
+    # not in READS_PROBS, which ranks by the confidences alone)
     masked: torch.Tensor  # (B,) bool: still masked before this pass
     canvas: torch.Tensor  # (B,) the tokens on the canvas before this pass (mask id where masked)
     count: int  # how many the step schedule asks for (K passes over the block)
@@ -149,7 +151,8 @@ class Words:
         whole = [len(w := t.strip()) >= 3 and w.isalpha() for t in pieces]
         return Words(*(torch.tensor(x, device="cpu") for x in (key, starts, whole)))  # tables, indexed on the CPU
 
-    def _second(self) -> torch.Tensor:
+    @functools.cached_property
+    def second(self) -> torch.Tensor:
         """(V,) bool: the tokens that repeat the same word before them: a new word, or a whole word glued on."""
         return self.starts | self.whole
 
@@ -158,21 +161,21 @@ class Words:
         a digit glued to the same ("1" "0" "0": 100, "is" "is": Isis) repeats nothing; a token that is no word
         repeats only itself (", ,")."""
         ka = int(self.key[a])
-        return (ka == int(self.key[b]) and bool(self._second()[b])) if ka >= 0 else a == b
+        return (ka == int(self.key[b]) and bool(self.second[b])) if ka >= 0 else a == b
 
     def after(self, a: int) -> torch.Tensor:
         """(V,) bool: the tokens b with repeat(a, b)."""
         ka = int(self.key[a])
         if ka < 0:
             return torch.arange(len(self.key), device=self.key.device) == a
-        return (self.key == ka) & self._second()
+        return (self.key == ka) & self.second
 
     def before(self, b: int) -> torch.Tensor:
         """(V,) bool: the tokens a with repeat(a, b)."""
         kb = int(self.key[b])
         if kb < 0:
             return torch.arange(len(self.key), device=self.key.device) == b
-        return self.key == kb if bool(self._second()[b]) else torch.zeros_like(self.starts)
+        return self.key == kb if bool(self.second[b]) else torch.zeros_like(self.starts)
 
 
 def _word_beyond(line: list[int], i: int, step: int, words: Words) -> tuple[int, int]:
@@ -313,12 +316,12 @@ def ngram_bans(answer: list[int], positions: range, n: int, free: frozenset[int]
 
 def repeated_ngram(answer: list[int], i: int, n: int, free: frozenset[int] = frozenset()) -> tuple[int, ...]:
     """An n-gram through position i of ``answer`` that the answer holds elsewhere too (the first), or ()."""
+    through = [tuple(answer[s:s + n]) for s in range(max(0, i - n + 1), min(i, len(answer) - n) + 1)
+               if _whole(answer, s, n, free)]
+    if not through:  # no whole n-gram through i (a mask beside it): nothing to count
+        return ()
     grams = Counter(tuple(answer[s:s + n]) for s in range(len(answer) - n + 1) if _whole(answer, s, n, free))
-    for s in range(max(0, i - n + 1), min(i, len(answer) - n) + 1):
-        g = tuple(answer[s:s + n])
-        if _whole(answer, s, n, free) and grams[g] > 1:
-            return g
-    return ()
+    return next((g for g in through if grams[g] > 1), ())
 
 
 def apart_ngrams(plan: Plan, p: Pass, n: int) -> Plan:
@@ -350,6 +353,9 @@ RULES: dict[str, Callable[..., Plan]] = {
                                     else DEFAULT_REVOKE_BELOW),
 }
 
+
+READS_PROBS = frozenset({"entropy", "revoke"})  # the rules that read Pass.probs (the others get None: no (B, V)
+# softmax a pass); a new rule that reads it is named here too
 
 SAMPLERS = tuple(RULES)  # a new rule: one function above and one line in RULES reach the API, CLI, page and tests
 

@@ -12,6 +12,7 @@ already (measured invariant); the linear layers (the LM head included) and atten
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import torch
@@ -157,6 +158,13 @@ class FusedMLP(nn.Module):
         return self.down_proj(self.act(gate) * up)
 
 
+@functools.lru_cache(maxsize=8)
+def _all_visible(queries: int, keys: int, device: torch.device) -> torch.Tensor:
+    """(queries, keys) all True: a bidirectional pass's mask, made once a shape (every layer of every pass reads it;
+    the kernel only reads it)."""
+    return torch.ones(queries, keys, dtype=torch.bool, device=device)
+
+
 class LeanLayer(nn.Module):
     """A whole Llama decoder layer in two kernel calls, the KV cache appended between them (transformers'
     ``Cache.update``): the same arithmetic as FusedAttention + FusedMLP row by row, in far fewer Python-level ops."""
@@ -196,7 +204,7 @@ class LeanLayer(nn.Module):
         if self.causal or isinstance(mask, torch.Tensor) and mask.ndim == 4:
             visible = visible_keys(mask)  # None: causal; else a tree's (M, L) mask (or a bidirectional one's)
         else:  # a bidirectional model (diffusion) with no mask: every position sees every key
-            visible = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device)
+            visible = _all_visible(q.shape[2], k.shape[2], q.device)
         return ext.post_attention(hidden_states, q, k, v, scaling, *post, visible)
 
 
