@@ -172,8 +172,9 @@ class DecodeConfig:
                 off=0.0, info="sampler revoke", elem_id="revoke-below"), _sampler_is("revoke"))
     no_adjacent_repeat: bool = option(
         False, DIFF, "diffusion, every sampler: never reveal a word equal to a filled neighbour's (any spelling of "
-        "it: \"plants\", \" Plants\"; or across 1-3 filled punctuation tokens: \"plants, plants\"), nor two "
-        "neighbours with the same word in one pass",
+        "it: \"plants\", \" Plants\"; a whole word glued to itself: \"pythonpython\"; or across 1-3 filled "
+        "punctuation tokens: \"plants, plants\"), nor punctuation between two equal words, nor tokens that make "
+        "such a repeat together in one pass",
         Control("check", "never the same word twice in a row", elem_id="no-adjacent-repeat",
                 info="stops \"plants plants\": a position never gets the word beside it, and two neighbours never "
                      "the same word in one pass"))
