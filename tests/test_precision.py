@@ -151,6 +151,27 @@ def test_a_row_invariant_target_gives_each_row_its_one_row_logits(fmt):
     assert passes_that_differ(model, tokens, [1, 9, 33, 60], range(2, MAX_ROWS + 1)) == []
 
 
+def test_the_lean_body_forward_gives_the_bits_of_the_transformers_forward():
+    """make_row_invariant's body forward (exact.lean_body_forward: no mask building, no output capture) against the
+    class's own forward on a twin: a prompt into a cache, a cached 3-token pass (wrong positions fail here), an
+    uncached pass; a layer with a hook is still called as a module (the hook sees its one call)."""
+    lean, twin = make_row_invariant(random_target(), "int8"), make_row_invariant(random_target(), "int8")
+    assert "forward" in vars(lean.model)
+    del twin.model.forward  # the instance's forward: the class's is left
+    calls = []
+    lean.model.layers[1].register_forward_hook(lambda *_: calls.append(1))
+    tokens = torch.randint(0, 300, (1, 24), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        outs = []
+        for model in (lean, twin):
+            cache = DynamicCache()
+            outs.append([model(tokens[:, :20], past_key_values=cache, use_cache=True).logits,
+                         model(tokens[:, 20:23], past_key_values=cache, use_cache=True).logits,
+                         model(tokens).logits])
+    assert all(torch.equal(a, b) for a, b in zip(*outs, strict=True))
+    assert len(calls) == 3
+
+
 def test_negative_control_the_torch_target_differs():
     tokens = torch.randint(0, 300, (80,), generator=torch.Generator().manual_seed(2))
     assert passes_that_differ(random_target(), tokens, [9, 33], range(2, MAX_ROWS + 1)) != []

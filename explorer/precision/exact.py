@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import types
 
 import torch
 from torch import nn
@@ -208,6 +209,46 @@ class LeanLayer(nn.Module):
         return ext.post_attention(hidden_states, q, k, v, scaling, *post, visible)
 
 
+_IGNORED = frozenset({"is_causal"})  # what a diffusion adapter passes that a LeanLayer reads from its own ``causal``
+
+
+def lean_body_forward(body: nn.Module, input_ids: torch.Tensor | None = None, attention_mask=None, position_ids=None,
+                      past_key_values=None, inputs_embeds=None, use_cache: bool | None = None, **kwargs):
+    """The forward of a Llama body whose layers are all LeanLayers (installed by ``lean_body``): embedding, rotary,
+    the layers, the final norm, and none of transformers' per-pass machinery around them (config defaults, output
+    capture, mask building): about a millisecond of a one-token pass at two threads. The same modules in the same
+    order, so the same bits. Anything it does not state (a mask: token trees; embeddings given; a new cache; hidden
+    states or attentions asked for) goes to the class's own forward; a layer with hooks (an EAGLE head reading
+    features) is called as a module."""
+    from transformers.modeling_outputs import BaseModelOutputWithPast  # deferred: transformers' modelling utils
+
+    if input_ids is None or inputs_embeds is not None or attention_mask is not None or \
+            (use_cache and past_key_values is None) or any(v for k, v in kwargs.items() if k not in _IGNORED):
+        return type(body).forward(body, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                  past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
+                                  **kwargs)
+    hidden = body.embed_tokens(input_ids)
+    if position_ids is None:
+        seen = past_key_values.get_seq_length() if past_key_values is not None else 0
+        position_ids = torch.arange(seen, seen + hidden.shape[1], device=hidden.device)[None]
+    rotary = body.rotary_emb(hidden, position_ids=position_ids)
+    hooks = bool(nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks)
+    for layer in body.layers:
+        if hooks or layer._forward_hooks or layer._forward_pre_hooks:
+            hidden = layer(hidden, position_embeddings=rotary, past_key_values=past_key_values)
+        else:
+            hidden = layer.forward(hidden, rotary, past_key_values)
+    return BaseModelOutputWithPast(last_hidden_state=body.norm(hidden), past_key_values=past_key_values)
+
+
+def lean_body(body: nn.Module) -> None:
+    """Route ``body``'s (a transformers LlamaModel of LeanLayers) forward through ``lean_body_forward``; a bound
+    method, so a deep copy of the model binds its own body."""
+    if all(isinstance(layer, LeanLayer) for layer in body.layers) and \
+            type(body).__module__.startswith("transformers.models.llama"):
+        body.forward = types.MethodType(lean_body_forward, body)
+
+
 def register_attention() -> None:
     from transformers import AttentionInterface  # deferred: transformers modelling utils (~2 s to import)
 
@@ -232,6 +273,8 @@ def make_row_invariant(model: nn.Module, fmt: str, lean: bool = True) -> nn.Modu
         layer.mlp = FusedMLP(layer.mlp, fmt)
         if lean:
             model.model.layers[i] = LeanLayer(layer, layer.self_attn, layer.mlp)
+    if lean:
+        lean_body(model.model)
     head = model.get_output_embeddings()
     model.model.register_forward_pre_hook(_new_pass)
     model.lm_head = RowInvariantLinear(head.weight, fmt)  # untied: the input embedding stays float32
@@ -281,6 +324,7 @@ def use_kernels_in_diffusion(model: nn.Module, fmt: str) -> nn.Module:
             getattr(model.config, "hidden_act", "silu") == "silu":  # each layer in two kernel calls, as the target's
         for i, layer in enumerate(layers):
             layers[i] = LeanLayer(layer, FusedAttention(layer.self_attn, fmt), FusedMLP(layer.mlp, fmt), causal=False)
+        lean_body(model.model)
         model.model.register_forward_pre_hook(_new_pass)
         linears = [(model, "lm_head", model.lm_head)]
     for parent, name, child in linears:
