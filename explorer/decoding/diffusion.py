@@ -240,6 +240,7 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig, r
     revealed_t = [0.0] * n
     passes, forward_s, step, fed_total = 0, 0.0, 0, 0
     store: list = []  # option "delayed": every layer's keys and values of the whole canvas, as last fed
+    banning = bool(cfg.no_adjacent_repeat or cfg.no_repeat_ngram)  # a ban may take tokens out of a pass's logits
     for block in range(blocks):
         if stop_at_end and answer_ended(x, p_len, mask_id, eos):
             break
@@ -269,8 +270,8 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig, r
             live = torch.ones_like(still) if cfg.sampler == "revoke" else still  # the rows a sampler reads
             b0 = lo - p_len  # the block's first position in the answer
             canvas = [-1 if t == mask_id else t for t in x[0, p_len:].tolist()] \
-                if cfg.no_adjacent_repeat or cfg.no_repeat_ngram else []  # the answer, -1 where masked
-            if cfg.no_adjacent_repeat or cfg.no_repeat_ngram:
+                if banning else []  # the answer, -1 where masked
+            if banning:
                 logits = logits.clone()  # one copy the bans write into (the forward's own is an inference tensor)
             if cfg.no_adjacent_repeat:  # never a filled neighbour's word (unmasking.py)
                 left, right = (torch.where(live, side, -1) for side in neighbours(x, lo, block_len, p_len, mask_id))
@@ -291,7 +292,6 @@ def decode_diffusion(models: Models, prompt_ids: list[int], cfg: DecodeConfig, r
                         phrases[i - (lo - p_len)] = repeated_ngram(answer, i, cfg.no_repeat_ngram, free)
                         answer[i] = -1
             # a position whose likeliest token a ban took out (after a ban, never the token revealed)
-            banning = answer is not None or cfg.no_adjacent_repeat
             repeats = torch.isneginf(logits.gather(-1, likeliest[:, None])[:, 0]) if banning else None
             tokens, confidence, probs = predict_tokens(logits, cfg, gen, banned, live, cfg.sampler in READS_PROBS)
             count = schedule[s] if s < len(schedule) else 1

@@ -221,15 +221,14 @@ inline void attend_impl(const float* qp, const float* kp, const float* vp, int64
   // keys transposed, (Hkv, D, Lp) with Lp = L rounded up to 16 lanes: a row's scores come 64, 32 or 16 keys at a
   // time, each score one FMA per d in increasing d (the same sequence for a key whichever group it is computed in)
   const int64_t Lp = (L + LANES - 1) / LANES * LANES;
-  std::vector<float> kt(Hkv * D * Lp);
+  std::vector<float> kt(Hkv * D * Lp);  // zeros past L
   for (int64_t g = 0; g < Hkv; ++g)  // 16 keys at a time: each d's 16 scores-to-be written as one line
-    for (int64_t j0 = 0; j0 < Lp; j0 += LANES) {
+    for (int64_t j0 = 0; j0 < L; j0 += LANES) {
       const int64_t n = std::min<int64_t>(LANES, L - j0);
       for (int64_t d = 0; d < D; ++d) {
         float* dst = kt.data() + (g * D + d) * Lp + j0;
         const float* src = kp + (g * L + j0) * D + d;
         for (int64_t l = 0; l < n; ++l) dst[l] = src[l * D];
-        for (int64_t l = n; l < LANES; ++l) dst[l] = 0.0f;
       }
     }
   parallel_for(0, H * M, 4, [&](int64_t r0, int64_t r1) {
