@@ -209,13 +209,15 @@ def test_a_mask_written_in_place_between_passes_is_read_afresh():
 
 @needs_kernels
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_the_heads_fused_projections_give_the_separate_layers_bits(fmt):
-    """use_kernels_in_eagle_head stacks q, k, v (and gate, up) into one kernel call: the features the head predicts,
-    through the root step and a tree step, are those of the layers on the kernels one by one."""
+def test_the_heads_layer_on_the_kernels_predicts_the_torch_steps_features(fmt):
+    """use_kernels_in_eagle_head stacks q, k, v (and gate, up) into one kernel call each and runs the layer in the
+    target's two fused calls (LeanEagleLayer): the features it predicts through the root step, a tree step and a
+    chain step after it are the torch step's with the same linear layers on the kernels, to float rounding; a tree
+    step whose mask hides a node's parent predicts another feature (the mask is read)."""
     import copy
 
     from explorer.families.random_tiny import build_random_eagle
-    from explorer.precision.exact import RowInvariantLinear, use_kernels_in_eagle_head
+    from explorer.precision.exact import LeanEagleLayer, RowInvariantLinear, use_kernels_in_eagle_head
 
     target = build_random_llama(300, 64, 2, seed=5).eval()
     head = build_random_eagle(target, seed=3, noise=0.05, fuse_layers=(0,))
@@ -228,6 +230,8 @@ def test_the_heads_fused_projections_give_the_separate_layers_bits(fmt):
         setattr(separate.layer, name, RowInvariantLinear(getattr(separate.layer, name).weight, fmt))
     separate.shared["head_linear"] = RowInvariantLinear(separate.shared["head"], fmt)
     assert "qkv_proj" in fused.layer._modules and "q_proj" not in fused.layer._modules
+    assert isinstance(fused.lean, LeanEagleLayer) and separate.lean is None
+    assert copy.deepcopy(fused).lean.layer is not fused.layer  # a copy's layer step reads the copy's weights
     gen = torch.Generator().manual_seed(0)
     ids, feats = torch.randint(0, 300, (1, 5), generator=gen), torch.randn(1, 5, head.feature_size, generator=gen)
     mask = torch.tensor([[True] * 5 + [True, False, False], [True] * 5 + [True, True, False],
@@ -237,6 +241,13 @@ def test_the_heads_fused_projections_give_the_separate_layers_bits(fmt):
         for h in (fused, separate):
             out, cache = h.step(ids, h.fused(feats), 0, None)
             tree, _ = h.step(torch.tensor([[7, 8, 9]]), out[:, [-1, -1, -1]], 5, cache, positions=[5, 6, 6], mask=mask)
-            outs.append((out, tree, h.full_logits(tree[0])))
+            chain, _ = h.step(torch.tensor([[7]]), out[:, -1:], 5, cache)
+            outs.append((out, tree, chain, h.full_logits(tree[0])))
+        cut = mask.clone()
+        cut[1, 5] = False  # node 1 no longer sees its parent
+        other, _ = fused.step(torch.tensor([[7, 8, 9]]), outs[0][0][:, [-1, -1, -1]], 5,
+                              fused.step(ids, fused.fused(feats), 0, None)[1], positions=[5, 6, 6], mask=cut)
     for a, b in zip(*outs, strict=True):
-        assert torch.equal(a, b)
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
+    assert (other[0, 1] - outs[0][1][0, 1]).abs().max() > 1e-2
+    torch.testing.assert_close(other[0, [0, 2]], outs[0][1][0, [0, 2]], rtol=0, atol=0)

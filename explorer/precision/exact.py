@@ -301,7 +301,32 @@ def use_kernels_in_eagle_head(head: nn.Module, fmt: str) -> nn.Module:
     layer.o_proj = RowInvariantLinear(layer.o_proj.weight, fmt)
     layer.down_proj = RowInvariantLinear(layer.down_proj.weight, fmt)
     head.shared["head_linear"] = RowInvariantLinear(head.shared["head"], fmt)
+    head.lean = LeanEagleLayer(layer)
     return head
+
+
+class LeanEagleLayer:
+    """An EAGLE head's layer in the target's two kernel calls (``pre_attention``, ``post_attention``): norm, q|k|v,
+    rotary; attention over the head's cache (causal, or a token tree's visible keys), o_proj, MLP. About half a
+    draft step's time in torch ops around the same kernels goes. A draft need not be row-invariant, only the
+    target's verify pass: the features are those of the torch step to float rounding (tests/test_eagle_tree.py).
+    A plain object holding the layer, so a deep copy of the head holds its own copy's."""
+
+    def __init__(self, layer: nn.Module):
+        self.layer = layer
+
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: list[torch.Tensor] | None,
+                 mask: torch.Tensor | None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        a, ext = self.layer, kernels.load()
+        pre, post = a.input_layernorm, a.post_attention_layernorm
+        q, k, v = ext.pre_attention(x.float(), pre.weight, pre.eps, a.qkv_proj.kernel_weight, a.qkv_proj.scale,
+                                    cos.float(), sin.float(), a.heads, a.kv_heads)
+        if cache is not None:
+            k, v = torch.cat([cache[0], k], 2), torch.cat([cache[1], v], 2)
+        out = ext.post_attention(x.float(), q, k, v, a.head_dim ** -0.5, a.o_proj.kernel_weight, a.o_proj.scale,
+                                 post.weight, post.eps, a.gate_up_proj.kernel_weight, a.gate_up_proj.scale,
+                                 a.down_proj.kernel_weight, a.down_proj.scale, mask)
+        return out, [k, v]
 
 
 def use_kernels_in_diffusion(model: nn.Module, fmt: str) -> nn.Module:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -126,6 +127,8 @@ class EagleHead(nn.Module):
         self.layer = HeadLayer(config)
         self.register_buffer("kept_ids", kept_ids.to(torch.long), persistent=True)  # (K,) target token ids
         self.shared: dict[str, torch.Tensor] = {}  # the target's embedding and kept LM-head rows (not stored)
+        # (x, cos, sin, cache, mask) -> (features, cache): the layer as a whole, set by an exact precision's kernels
+        self.lean: Callable | None = None
         params = getattr(config, "rope_parameters", None) or {}
         self.theta = float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
 
@@ -187,11 +190,13 @@ class EagleHead(nn.Module):
 
         A token tree's nodes (``tree.py``) give their own ``positions`` (root + depth) and ``mask`` (bool (T, cache
         + T): each node sees the true positions and its ancestors). Returns the predicted features (1, T, H) and
-        the cache extended by these entries.
+        the cache extended by these entries (with ``lean`` set, k and v keep the layer's kv heads, unrepeated).
         """
         x = self.inputs(next_ids, feats)
         t = x.shape[1]
         cos, sin = self._rope(list(positions) if positions is not None else range(start, start + t), x)
+        if self.lean is not None:  # the layer on the kernels in two calls (precision/exact.py: lean_eagle_layer)
+            return self.lean(x, cos, sin, cache, mask)
         q, k, v = self.layer.qkv(x, cos, sin)
         if cache is not None:
             k, v = torch.cat([cache[0], k], 2), torch.cat([cache[1], v], 2)
