@@ -8,6 +8,7 @@ speculative == greedy autoregressive for every drafter and exact precision, and 
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
@@ -170,6 +171,48 @@ def test_the_lean_body_forward_gives_the_bits_of_the_transformers_forward():
                          model(tokens).logits])
     assert all(torch.equal(a, b) for a, b in zip(*outs, strict=True))
     assert len(calls) == 3
+
+
+def mapping_of(address: int) -> dict[str, str]:
+    """The /proc/self/smaps entry (its fields) of the mapping holding ``address``."""
+    entry: dict[str, str] = {}
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and ":" not in head:  # a mapping's first line: its address range
+            lo, hi = (int(v, 16) for v in head.split("-"))
+            if inside:
+                break
+            inside, entry = lo <= address < hi, {}
+        elif inside:
+            key, _, value = line.partition(":")
+            entry[key] = value.strip()
+    return entry if inside else {}
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="Linux's /proc/self/smaps")
+def test_the_int8_weights_sit_in_huge_pages_and_give_the_same_bits(monkeypatch):
+    """make_row_invariant moves the kernel weights into one mapping advised for 2 MB pages (exact.huge_page_weights:
+    a pass takes fewer TLB misses), backed by them where the OS grants transparent huge pages; the logits are those of
+    the same model with its weights where torch put them (EXPLORER_NO_HUGE_PAGES=1), which sit in no such mapping."""
+    def build():  # about 5 MB of int8 weights: room for two whole 2 MB pages
+        return make_row_invariant(build_random_llama(1000, 384, 4, seed=4).eval(), "int8")
+
+    huge = build()
+    monkeypatch.setenv("EXPLORER_NO_HUGE_PAGES", "1")
+    plain = build()
+    weights = [m.kernel_weight for m in huge.modules() if isinstance(m, RowInvariantLinear)]
+    areas = {mapping_of(w.data_ptr()).get("VmFlags", "") for w in weights}
+    assert len(areas) == 1  # one mapping
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")  # absent: a kernel without huge pages, no advice
+    if thp.exists():
+        assert "hg" in areas.pop().split()  # advised
+        assert "hg" not in mapping_of(plain.lm_head.kernel_weight.data_ptr()).get("VmFlags", "").split()
+        if "[never]" not in thp.read_text():
+            assert int(mapping_of(weights[0].data_ptr())["AnonHugePages"].split()[0]) >= 2048
+    tokens = torch.randint(0, 1000, (1, 12), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        assert torch.equal(huge(tokens).logits, plain(tokens).logits)
 
 
 def test_negative_control_the_torch_target_differs():
