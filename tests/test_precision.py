@@ -173,6 +173,25 @@ def test_the_lean_body_forward_gives_the_bits_of_the_transformers_forward():
     assert len(calls) == 3
 
 
+def test_the_lean_bodys_rotary_table_gives_the_rotary_forwards_bits():
+    """make_row_invariant gives the body's rotary embedding a table made once at one thread (exact.rotary_table): for
+    a prefix, a later pass, a token tree's repeated positions and a batch, the cos and sin of its own forward; past
+    the table, its own forward. A copy reads its own table."""
+    import copy
+
+    model = make_row_invariant(random_target(), "int8")
+    rotary = model.model.rotary_emb
+    assert rotary.table[0].shape == (model.config.max_position_embeddings, model.config.head_dim)
+    x = torch.zeros(1, 3, model.config.hidden_size)
+    for positions in ([list(range(37))], [[200, 201, 202]], [[5, 6, 6, 7]], [[0, 1], [9, 10]],
+                      [[model.config.max_position_embeddings + 3]]):
+        ids = torch.tensor(positions)
+        got, want = rotary(x, ids), type(rotary).forward(rotary, x, ids)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    twin = copy.deepcopy(model).model.rotary_emb
+    assert twin.forward.__self__ is twin and twin.table[0] is not rotary.table[0]
+
+
 def mapping_of(address: int) -> dict[str, str]:
     """The /proc/self/smaps entry (its fields) of the mapping holding ``address``."""
     entry: dict[str, str] = {}
