@@ -174,7 +174,7 @@ def test_the_lean_body_forward_gives_the_bits_of_the_transformers_forward():
 
 
 def test_the_lean_bodys_rotary_table_gives_the_rotary_forwards_bits():
-    """make_row_invariant gives the body's rotary embedding a table made once at one thread (exact.rotary_table): for
+    """make_row_invariant gives the body's rotary embedding a table made once at one thread (rotary.rotary_table): for
     a prefix, a later pass, a token tree's repeated positions and a batch, the cos and sin of its own forward; past
     the table, its own forward. A copy reads its own table."""
     import copy
@@ -211,7 +211,7 @@ def mapping_of(address: int) -> dict[str, str]:
 
 @pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="Linux's /proc/self/smaps")
 def test_the_int8_weights_sit_in_huge_pages_and_give_the_same_bits(monkeypatch):
-    """make_row_invariant moves the kernel weights into one mapping advised for 2 MB pages (exact.huge_page_weights:
+    """make_row_invariant moves the kernel weights into one mapping advised for 2 MB pages (pages.huge_page_weights:
     a pass takes fewer TLB misses), backed by them where the OS grants transparent huge pages; the logits are those of
     the same model with its weights where torch put them (EXPLORER_NO_HUGE_PAGES=1), which sit in no such mapping."""
     def build():  # about 5 MB of int8 weights: room for two whole 2 MB pages

@@ -12,19 +12,16 @@ already (measured invariant); the linear layers (the LM head included) and atten
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import functools
-import mmap
-import os
 import threading
 import types
-from collections.abc import Iterable
 
 import torch
 from torch import nn
 
 from explorer.precision import kernels
+from explorer.precision.pages import huge_page_weights
+from explorer.precision.rotary import rotary_table
 
 ATTENTION = "rowinv"  # the name registered with transformers' AttentionInterface
 FORMATS = ("float32", "bfloat16", "int8")  # how the weights are stored; activations and sums are float32
@@ -255,37 +252,6 @@ def lean_body(body: nn.Module) -> None:
         rotary_table(body.rotary_emb, int(getattr(body.config, "max_position_embeddings", 0) or 0))
 
 
-def rotary_table(rotary: nn.Module, positions: int) -> None:
-    """Give a transformers rotary embedding of the default kind (fixed frequencies) a table of its cos and sin for
-    positions 0 .. ``positions`` - 1, computed once at one thread by its own forward, and a forward that reads the
-    table (elementwise ops: the bits its own forward gives for those positions alone, tests/test_precision.py).
-    Why: its forward takes cos and sin of every pass through torch's vectorised math (MKL's VML where torch has it),
-    which splits more than 2048 elements across threads, and a thread's first such call can round otherwise (seen at
-    two threads on the Xeon AMX, 2026-12-07: a process's first 37-token pass differed from later ones in 1 of 8
-    runs): a pass's bits must not depend on which thread computed what. Positions past the table, or another kind
-    of rotary embedding (dynamic frequencies), keep its own forward."""
-    if getattr(rotary, "rope_type", None) != "default" or positions <= 0:
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # at load: no other decode runs beside it
-    try:
-        with torch.inference_mode():
-            device = rotary.inv_freq.device
-            cos, sin = type(rotary).forward(rotary, torch.empty(0, device=device),
-                                            torch.arange(positions, device=device)[None])
-    finally:
-        torch.set_num_threads(before)
-    rotary.table = (cos[0], sin[0])  # (positions, head_dim) float32
-    rotary.forward = types.MethodType(_table_rotary_forward, rotary)
-
-
-def _table_rotary_forward(self, x: torch.Tensor, position_ids: torch.Tensor):
-    cos, sin = self.table
-    if position_ids.numel() == 0 or int(position_ids.max()) >= cos.shape[0] or cos.device != x.device:
-        return type(self).forward(self, x, position_ids)
-    return cos[position_ids].to(x.dtype), sin[position_ids].to(x.dtype)
-
-
 def register_attention() -> None:
     from transformers import AttentionInterface  # deferred: transformers modelling utils (~2 s to import)
 
@@ -324,38 +290,7 @@ def make_row_invariant(model: nn.Module, fmt: str, lean: bool = True) -> nn.Modu
     return model
 
 
-HUGE_PAGE = 2 << 20
-
-
-def huge_page_weights(linears: Iterable[RowInvariantLinear]) -> int:
-    """Move these layers' kernel weights into one anonymous mapping that Linux may back with 2 MB pages
-    (``madvise(MADV_HUGEPAGE)``; transparent huge pages set to ``always`` or ``madvise``). A pass streams every
-    weight once; on 4 KB pages it takes a TLB miss every 4 KB and the hardware prefetcher stops at each page's end.
-    A pass of the default preset's int8 target costs 5-13% less on 2 MB pages (one and four tokens, Xeon AMX,
-    2026-12-07, paths amx / avx512 / avx2; ``benchmarks/huge_pages.py``). The same values at new addresses: the same
-    bits. Returns the bytes moved (0 where the OS has no such
-    advice, e.g. macOS, or with ``EXPLORER_NO_HUGE_PAGES=1``). Call it before a layer's first pass
-    (``LeanLayer`` gathers its tensors then)."""
-    advice = getattr(mmap, "MADV_HUGEPAGE", None)
-    mods = [m for m in linears if m.kernel_weight.device.type == "cpu"]
-    if advice is None or not mods or os.environ.get("EXPLORER_NO_HUGE_PAGES", "") not in ("", "0"):
-        return 0
-    offsets, total = [], 0
-    for m in mods:  # each weight at a 64-byte boundary (a cache line)
-        offsets.append(total)
-        total += -(-m.kernel_weight.nbytes // 64) * 64
-    area = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # room for a 2 MB start
-    start = -ctypes.addressof(ctypes.c_char.from_buffer(area)) % HUGE_PAGE
-    with contextlib.suppress(OSError):  # a kernel without transparent huge pages: 4 KB pages, the same weights
-        area.madvise(advice, start, len(area) - start)
-    for m, offset in zip(mods, offsets, strict=True):
-        w = m.kernel_weight
-        moved = torch.frombuffer(area, dtype=torch.uint8, count=w.nbytes, offset=start + offset)
-        m.kernel_weight = moved.view(w.dtype).view(w.shape).copy_(w)  # the tensor keeps the mapping alive
-    return total
-
-
-def _huge_page_model(model: nn.Module, extra: Iterable[RowInvariantLinear] = ()) -> None:
+def _huge_page_model(model: nn.Module, extra: tuple = ()) -> None:
     huge_page_weights([*(m for m in model.modules() if isinstance(m, RowInvariantLinear)), *extra])
     for module in model.modules():
         if isinstance(module, LeanLayer):
@@ -384,8 +319,8 @@ def use_kernels_in_eagle_head(head: nn.Module, fmt: str) -> nn.Module:
 
 class LeanEagleLayer:
     """An EAGLE head's layer in the target's two kernel calls (``pre_attention``, ``post_attention``): norm, q|k|v,
-    rotary; attention over the head's cache (causal, or a token tree's visible keys), o_proj, MLP. About half a
-    draft step's time in torch ops around the same kernels goes. A draft need not be row-invariant, only the
+    rotary; attention over the head's cache (causal, or a token tree's visible keys), o_proj, MLP: no torch ops
+    around the same kernels (a step in a hot loop 366 instead of 596 us). A draft need not be row-invariant, only the
     target's verify pass: the features are those of the torch step to float rounding (tests/test_eagle_tree.py).
     A plain object holding the layer, so a deep copy of the head holds its own copy's."""
 

@@ -195,7 +195,7 @@ class EagleHead(nn.Module):
         x = self.inputs(next_ids, feats)
         t = x.shape[1]
         cos, sin = self._rope(list(positions) if positions is not None else range(start, start + t), x)
-        if self.lean is not None:  # the layer on the kernels in two calls (precision/exact.py: lean_eagle_layer)
+        if self.lean is not None:  # the layer on the kernels in two calls (precision/exact.py: LeanEagleLayer)
             return self.lean(x, cos, sin, cache, mask)
         q, k, v = self.layer.qkv(x, cos, sin)
         if cache is not None:
