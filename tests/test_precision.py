@@ -176,7 +176,7 @@ def test_the_lean_body_forward_gives_the_bits_of_the_transformers_forward():
 def test_the_lean_bodys_rotary_table_gives_the_rotary_forwards_bits():
     """make_row_invariant gives the body's rotary embedding a table made once at one thread (rotary.rotary_table): for
     a prefix, a later pass, a token tree's repeated positions and a batch, the cos and sin of its own forward; past
-    the table, its own forward. A copy reads its own table."""
+    the table, its own forward. A copy reads its own table; a target converted without the lean layers has one too."""
     import copy
 
     model = make_row_invariant(random_target(), "int8")
@@ -190,6 +190,8 @@ def test_the_lean_bodys_rotary_table_gives_the_rotary_forwards_bits():
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     twin = copy.deepcopy(model).model.rotary_emb
     assert twin.forward.__self__ is twin and twin.table[0] is not rotary.table[0]
+    plain = make_row_invariant(random_target(), "int8", lean=False).model.rotary_emb  # layers left as they were
+    assert "table" in vars(plain) and plain.forward.__func__ is rotary.forward.__func__
 
 
 def mapping_of(address: int) -> dict[str, str]:

@@ -249,7 +249,6 @@ def lean_body(body: nn.Module) -> None:
     if all(isinstance(layer, LeanLayer) for layer in body.layers) and \
             type(body).__module__.startswith("transformers.models.llama"):
         body.forward = types.MethodType(lean_body_forward, body)
-        rotary_table(body.rotary_emb, int(getattr(body.config, "max_position_embeddings", 0) or 0))
 
 
 def register_attention() -> None:
@@ -278,6 +277,7 @@ def make_row_invariant(model: nn.Module, fmt: str, lean: bool = True) -> nn.Modu
             model.model.layers[i] = LeanLayer(layer, layer.self_attn, layer.mlp)
     if lean:
         lean_body(model.model)
+    rotary_table(model.model)  # lean or not: a pass's rotary bits must not depend on the threads
     head = model.get_output_embeddings()
     model.model.register_forward_pre_hook(_new_pass)
     model.lm_head = RowInvariantLinear(head.weight, fmt)  # untied: the input embedding stays float32
@@ -362,6 +362,7 @@ def use_kernels_in_diffusion(model: nn.Module, fmt: str) -> nn.Module:
         for i, layer in enumerate(layers):
             layers[i] = LeanLayer(layer, FusedAttention(layer.self_attn, fmt), FusedMLP(layer.mlp, fmt), causal=False)
         lean_body(model.model)
+        rotary_table(model.model)
         model.model.register_forward_pre_hook(_new_pass)
         linears = [(model, "lm_head", model.lm_head)]
     for parent, name, child in linears:
